@@ -1,0 +1,21 @@
+"""kpca.attention: softmax, symmetric and RPC-Attention (Principal Attention Pursuit) for PyTorch.
+
+Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into timm ViTs.
+"""
+
+from kpca.attention.functional import RPCState, pap_mu, rpc_attention, softmax_attention
+from kpca.attention.modules import RPCAttention, SoftmaxAttention
+from kpca.attention.spec import AttentionSpec
+from kpca.attention.swap import AttentionSwap, swap_attention
+
+__all__ = [
+    "AttentionSpec",
+    "AttentionSwap",
+    "RPCAttention",
+    "RPCState",
+    "SoftmaxAttention",
+    "pap_mu",
+    "rpc_attention",
+    "softmax_attention",
+    "swap_attention",
+]

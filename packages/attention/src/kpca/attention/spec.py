@@ -1,0 +1,76 @@
+"""AttentionSpec: the one serialisable object with which apps and configs choose attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import nn
+
+from kpca.attention._backend import Backend, resolve_backend
+from kpca.attention._checks import check_pap_args
+from kpca.attention.functional import Convention
+from kpca.attention.modules import RPCAttention, SoftmaxAttention
+
+AttentionKind = Literal["softmax", "symmetric", "rpc"]
+KINDS: tuple[str, ...] = ("softmax", "symmetric", "rpc")
+
+
+@dataclass
+class AttentionSpec:
+    """Which attention a transformer uses, and in which blocks.
+
+    Usable as a LightningCLI / jsonargparse argument type, e.g. in YAML::
+
+        attention:
+          kind: rpc
+          n_iter: 4
+          layers: [0]
+
+    Args:
+        kind: ``softmax`` (asymmetric, DeiT), ``symmetric`` (SymViT) or ``rpc`` (RPC-SymViT).
+        n_iter: PAP attention evaluations per RPC layer (>= 1); used by ``rpc`` only.
+        lambd: PAP sparsity weight (> 0, finite); used by ``rpc`` only.
+        layers: ``"all"`` or a list of block indices that get ``kind``. With ``rpc`` the other
+            blocks are symmetric softmax (an RPC model is a SymViT with PAP in chosen blocks);
+            with ``softmax`` / ``symmetric`` the other blocks are left as they are.
+        convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP).
+        backend: ``auto`` or ``torch``.
+    """
+
+    kind: AttentionKind = "softmax"
+    n_iter: int = 4
+    lambd: float = 4.0
+    layers: Literal["all"] | list[int] = "all"
+    convention: Convention = "reference"
+    backend: Backend = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"AttentionSpec.kind must be one of {KINDS}, got {self.kind!r}")
+        check_pap_args(self.n_iter, self.lambd, self.convention, None)
+        resolve_backend(self.backend)
+        if self.layers != "all":
+            layers = self.layers
+            if isinstance(layers, (str, int)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+                raise ValueError(f"AttentionSpec.layers must be 'all' or a list of block indices, got {layers!r}")
+            if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
+                raise ValueError(f"AttentionSpec.layers must hold distinct non-negative indices, got {list(layers)}")
+
+    def block_indices(self, depth: int) -> list[int]:
+        """The indices of the blocks that get ``kind`` in a model of ``depth`` blocks."""
+        if self.layers == "all":
+            return list(range(depth))
+        too_big = [i for i in self.layers if i >= depth]
+        if too_big:
+            raise ValueError(f"AttentionSpec.layers {too_big} out of range for a model with {depth} blocks")
+        return sorted(self.layers)
+
+    def build(self, dim: int, num_heads: int = 8, **kwargs) -> nn.Module:
+        """Build the attention module of ``kind`` with timm ``Attention`` keywords (``qkv_bias``, ...)."""
+        if self.kind == "rpc":
+            return RPCAttention(
+                dim, num_heads, n_iter=self.n_iter, lambd=self.lambd, convention=self.convention,
+                backend=self.backend, **kwargs,
+            )  # fmt: skip
+        return SoftmaxAttention(dim, num_heads, symmetric=self.kind == "symmetric", backend=self.backend, **kwargs)

@@ -1,0 +1,98 @@
+"""swap_attention: put softmax, symmetric or RPC attention into the blocks of a timm ViT-like model."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kpca.attention.spec import AttentionSpec
+
+
+@dataclass(frozen=True)
+class AttentionSwap:
+    """One replaced attention module: block index, class names before and after, and what moved."""
+
+    block: int
+    before: str
+    after: str
+    weights: str
+
+
+def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]:
+    """Replace ``model.blocks[i].attn`` for the blocks ``spec`` selects, carrying weights over.
+
+    Works on any model with a ``blocks`` sequence whose items hold an ``attn`` module with timm's
+    ``Attention`` layout (``qkv``, ``proj``, ``num_heads``), timm's or ours. Weights move where they
+    fit: asymmetric -> symmetric keeps the K and V rows of ``qkv`` and drops Q (and ``q_norm``);
+    symmetric -> asymmetric initialises Q from K, so the new model computes the same function;
+    symmetric <-> RPC move every parameter (RPC adds none). With ``spec.kind == "rpc"`` the blocks
+    outside ``spec.layers`` become symmetric softmax attention.
+
+    Returns:
+        One :class:`AttentionSwap` per replaced module (blocks already of the wanted kind and
+        settings are replaced too, so the result reflects ``spec`` exactly).
+    """
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or not all(hasattr(b, "attn") for b in blocks):
+        raise TypeError(
+            f"swap_attention needs a timm VisionTransformer-like model with .blocks[i].attn, got {type(model).__name__}"
+        )
+    chosen = set(spec.block_indices(len(blocks)))
+    symmetric_rest = AttentionSpec(kind="symmetric", backend=spec.backend)
+    swaps = []
+    for i, block in enumerate(blocks):
+        target = spec if i in chosen else (symmetric_rest if spec.kind == "rpc" else None)
+        if target is None:
+            continue
+        new, weights = _convert(block.attn, target)
+        swaps.append(AttentionSwap(i, type(block.attn).__name__, type(new).__name__, weights))
+        block.attn = new
+    return swaps
+
+
+def _convert(old: nn.Module, spec: AttentionSpec) -> tuple[nn.Module, str]:
+    """A new attention module of ``spec.kind`` shaped like ``old``, with ``old``'s weights where they fit."""
+    qkv, proj = getattr(old, "qkv", None), getattr(old, "proj", None)
+    if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear) or not hasattr(old, "num_heads"):
+        raise TypeError(f"cannot swap {type(old).__name__}: expected timm Attention layout (qkv, proj, num_heads)")
+    num_heads = old.num_heads
+    attn_dim = getattr(old, "attn_dim", None) or old.head_dim * num_heads
+    old_symmetric = qkv.out_features == 2 * attn_dim
+    new = spec.build(
+        qkv.in_features,
+        num_heads,
+        attn_head_dim=attn_dim // num_heads,
+        dim_out=proj.out_features,
+        qkv_bias=qkv.bias is not None,
+        proj_bias=proj.bias is not None,
+        gated=getattr(old, "gate", None) is not None,
+        attn_drop=old.attn_drop.p,
+        proj_drop=old.proj_drop.p,
+        device=qkv.weight.device,
+        dtype=qkv.weight.dtype,
+    )
+    new.is_causal = getattr(old, "is_causal", False)
+    new.k_norm = copy.deepcopy(old.k_norm)
+    new.norm = copy.deepcopy(getattr(old, "norm", nn.Identity()))
+    new_symmetric = new.symmetric
+    if not new_symmetric:
+        new.q_norm = copy.deepcopy(old.k_norm if old_symmetric else old.q_norm)
+    with torch.no_grad():
+        for name in ("weight", "bias"):
+            src = getattr(qkv, name)
+            if src is None:
+                continue
+            k_rows, v_rows = (src[:attn_dim], src[attn_dim:]) if old_symmetric else src[attn_dim:].chunk(2)
+            q_rows = k_rows if old_symmetric else src[:attn_dim]
+            rows = [k_rows, v_rows] if new_symmetric else [q_rows, k_rows, v_rows]
+            getattr(new.qkv, name).copy_(torch.cat(rows))
+        new.proj.load_state_dict(proj.state_dict())
+        if new.gate is not None:
+            new.gate.load_state_dict(old.gate.state_dict())
+    new.train(old.training)
+    if old_symmetric == new_symmetric:
+        return new, "all"
+    return new, "K, V kept; Q dropped" if new_symmetric else "K, V kept; Q initialised from K"
