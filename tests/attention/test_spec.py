@@ -1,0 +1,52 @@
+"""AttentionSpec: building modules, and use as a LightningCLI argument type."""
+
+import sys
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.cli import LightningCLI
+
+from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention
+
+
+def test_build_each_kind():
+    assert not AttentionSpec().build(24, 3).symmetric
+    assert AttentionSpec(kind="symmetric").build(24, 3, qkv_bias=True).symmetric
+    rpc = AttentionSpec(kind="rpc", n_iter=2, lambd=3.0, convention="pcp").build(24, 3)
+    assert isinstance(rpc, RPCAttention) and (rpc.n_iter, rpc.lambd, rpc.convention) == (2, 3.0, "pcp")
+    assert isinstance(AttentionSpec(kind="softmax").build(24, 3), SoftmaxAttention)
+    assert AttentionSpec(layers=[3, 1]).block_indices(4) == [1, 3]
+    assert AttentionSpec().block_indices(3) == [0, 1, 2]
+
+
+class TinyModel(pl.LightningModule):
+    def __init__(self, attention: AttentionSpec = AttentionSpec(), width: int = 24) -> None:  # noqa: B008
+        super().__init__()
+        self.save_hyperparameters()
+        self.attn = attention.build(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x)
+
+
+@pytest.fixture(autouse=True)
+def _plain_argv(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["tiny"])  # LightningCLI warns when pytest's argv meets args=
+
+
+def test_lightning_cli_parses_spec(tmp_path):
+    config = tmp_path / "exp.yaml"
+    config.write_text("model:\n  attention:\n    kind: rpc\n    n_iter: 6\n    layers: [0]\n")
+    cli = LightningCLI(
+        TinyModel, args=["-c", str(config), "--model.attention.lambd=2.5", "--seed_everything=0"], run=False,
+        trainer_defaults={"logger": False, "enable_checkpointing": False, "default_root_dir": str(tmp_path)},
+    )  # fmt: skip
+    assert AttentionSpec(**cli.model.hparams.attention) == AttentionSpec(kind="rpc", n_iter=6, lambd=2.5, layers=[0])
+    assert isinstance(cli.model.attn, RPCAttention) and cli.model.attn.n_iter == 6
+
+
+def test_lightning_cli_reports_bad_spec(capsys):
+    with pytest.raises(SystemExit):
+        LightningCLI(TinyModel, args=["--model.attention.kind=rcp", "--seed_everything=0"], run=False)
+    assert "rcp" in capsys.readouterr().err
