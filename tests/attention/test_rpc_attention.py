@@ -31,7 +31,7 @@ def _compare(kwargs, b=2, h=3, n=7, d=4, key_padding_mask=None, attn_mask=None):
     out, grads = outputs_and_grads(fast, k, v)
     out_ref, grads_ref = outputs_and_grads(slow, k, v)
     torch.testing.assert_close(out, out_ref)
-    for g, g_ref in zip(grads, grads_ref):
+    for g, g_ref in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(g, g_ref)
 
 
@@ -71,7 +71,7 @@ def test_gradcheck_tiny():
     k, v = make_kv(1, 2, 5, 3)
     for is_causal in (False, True):
         assert torch.autograd.gradcheck(
-            lambda k, v: rpc_attention(k, v, n_iter=3, lambd=0.3, is_causal=is_causal), (k, v)
+            lambda k, v, causal=is_causal: rpc_attention(k, v, n_iter=3, lambd=0.3, is_causal=causal), (k, v)
         )
 
 

@@ -27,12 +27,10 @@ def test_matches_reference(is_causal, mask_kind, padded):
     out, grads = outputs_and_grads(lambda q, k, v: softmax_attention(q, k, v, **kwargs) * valid, q, k, v)
     ref, grads_ref = outputs_and_grads(lambda q, k, v: softmax_attention_reference(q, k, v, **kwargs), q, k, v)
     torch.testing.assert_close(out, ref)
-    for g, g_ref in zip(grads, grads_ref):
+    for g, g_ref in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(g, g_ref)
 
 
 def test_scale_and_symmetric_use():
     k, v = torch.randn(1, 2, 5, 4, dtype=torch.float64), torch.randn(1, 2, 5, 4, dtype=torch.float64)
-    torch.testing.assert_close(
-        softmax_attention(k, k, v, scale=0.3), softmax_attention_reference(k, k, v, scale=0.3)
-    )
+    torch.testing.assert_close(softmax_attention(k, k, v, scale=0.3), softmax_attention_reference(k, k, v, scale=0.3))

@@ -166,7 +166,7 @@ def pap_mu(
     key_padding_mask: torch.Tensor | None = None,
     is_causal: bool = False,
 ) -> torch.Tensor:
-    """mu = count * width / (4 ||K||_1) per sample and head, in float32 (float64 for float64 keys).
+    """Mu = count * width / (4 ||K||_1) per sample and head, in float32 (float64 for float64 keys).
 
     Args:
         k: (B, H, N, D) keys.
@@ -200,7 +200,10 @@ def _check_common(attn_mask, key_padding_mask, dropout_p, scale, b: int, h: int,
 
 @torch.no_grad()
 def _iteration_diagnostics(
-    k: torch.Tensor, l: torch.Tensor, s: torch.Tensor, key_padding_mask: torch.Tensor | None  # noqa: E741
+    k: torch.Tensor,
+    l: torch.Tensor,  # noqa: E741
+    s: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Primal residual ||K - L - S||_F and the non-zero fraction of S, each (B, H), over valid rows."""
     valid = torch.ones_like(k[..., :1]) if key_padding_mask is None else (~key_padding_mask)[:, None, :, None]
@@ -215,7 +218,7 @@ def _final_state(k, l, s, z, mu, diagnostics) -> RPCState:  # noqa: E741
     """Assemble the detached RPCState; Y after its final update is mu (Z + K - L - S)."""
     residual_now = k.to(s.dtype) - l.to(s.dtype) - s
     z_final = residual_now if z is None else z + residual_now
-    residuals, fractions = zip(*diagnostics)
+    residuals, fractions = zip(*diagnostics, strict=True)
     return RPCState(
         s=s.detach(),
         l=l.detach(),

@@ -219,6 +219,7 @@ class RPCAttention(_ProjectedAttention):
         self.last_state: RPCState | None = None
 
     def extra_repr(self) -> str:
+        """The PAP settings, shown in ``repr(module)``."""
         return f"n_iter={self.n_iter}, lambd={self.lambd}, convention={self.convention!r}"
 
     def _attend(self, q, k, v, **kwargs) -> torch.Tensor:

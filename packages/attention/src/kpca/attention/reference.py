@@ -69,9 +69,9 @@ def pap_single(
     n, d = K.shape
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if causal:
-        mu = torch.stack(
-            [(t + 1) * width / (4 * torch.clamp(K[: t + 1].abs().sum(), min=L1_EPS)) for t in range(n)]
-        )[:, None]  # (N, 1)
+        mu = torch.stack([(t + 1) * width / (4 * torch.clamp(K[: t + 1].abs().sum(), min=L1_EPS)) for t in range(n)])[
+            :, None
+        ]  # (N, 1)
     else:
         mu = n * width / (4 * torch.clamp(K.abs().sum(), min=L1_EPS))
     tau = lambd / mu if convention == "pcp" else lambd * mu

@@ -22,7 +22,7 @@ class AttentionSpec:
 
     Usable as a LightningCLI / jsonargparse argument type, e.g. in YAML::
 
-        attention:
+    Attention:
           kind: rpc
           n_iter: 4
           layers: [0]
@@ -52,7 +52,9 @@ class AttentionSpec:
         resolve_backend(self.backend)
         if self.layers != "all":
             layers = self.layers
-            if isinstance(layers, (str, int)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            if isinstance(layers, (str, int)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in layers
+            ):
                 raise ValueError(f"AttentionSpec.layers must be 'all' or a list of block indices, got {layers!r}")
             if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
                 raise ValueError(f"AttentionSpec.layers must hold distinct non-negative indices, got {list(layers)}")
