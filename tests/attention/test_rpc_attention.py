@@ -179,6 +179,8 @@ def test_state_matches_reference_and_reports_diagnostics():
     torch.testing.assert_close(state.s[0, 0], S)
     torch.testing.assert_close(state.y[0, 0], Y)
     torch.testing.assert_close(out[0, 0], L)
+    z_before_last = state.y[0, 0] / state.mu[0, 0] - (k[0, 0] - L - S)
+    torch.testing.assert_close(state.k_clean[0, 0], k[0, 0] - S - z_before_last)
     assert state.residual.shape == (3, 1, 1) and state.nonzero_fraction.shape == (3, 1, 1)
     torch.testing.assert_close(state.residual[-1, 0, 0], (k[0, 0] - L - S).norm())
     torch.testing.assert_close(state.nonzero_fraction[-1, 0, 0], (S != 0).double().mean())

@@ -32,6 +32,7 @@ class RPCState:
         s: (B, H, N, D) sparse part S used by the last evaluation (float32, float64 for float64 input).
         l: (B, H, N, D) low-rank part L, the output of the last evaluation.
         y: (B, H, N, D) dual Y after the final update ``Y + mu (K - L - S)``.
+        k_clean: (B, H, N, D) cleaned keys Kt of the last evaluation (its queries and keys).
         mu: (B, H, 1, 1), or (B, H, N, 1) when causal: the penalty mu of each (sample, head[, position]).
         residual: (n_iter, B, H) primal residual ||K - L_i - S_i||_F after evaluation i (valid rows only).
         nonzero_fraction: (n_iter, B, H) fraction of non-zero entries of S_i (valid rows only).
@@ -40,6 +41,7 @@ class RPCState:
     s: torch.Tensor
     l: torch.Tensor  # noqa: E741 (the paper's name)
     y: torch.Tensor
+    k_clean: torch.Tensor
     mu: torch.Tensor
     residual: torch.Tensor
     nonzero_fraction: torch.Tensor
@@ -156,7 +158,7 @@ def rpc_attention(
             diagnostics.append(_iteration_diagnostics(k, l, s, key_padding_mask))
     if not return_state:
         return l
-    return l, _final_state(k, l, s, z, mu, diagnostics)
+    return l, _final_state(k, l, s, z, kt, mu, diagnostics)
 
 
 def pap_mu(
@@ -214,7 +216,7 @@ def _iteration_diagnostics(
 
 
 @torch.no_grad()
-def _final_state(k, l, s, z, mu, diagnostics) -> RPCState:  # noqa: E741
+def _final_state(k, l, s, z, kt, mu, diagnostics) -> RPCState:  # noqa: E741
     """Assemble the detached RPCState; Y after its final update is mu (Z + K - L - S)."""
     residual_now = k.to(s.dtype) - l.to(s.dtype) - s
     z_final = residual_now if z is None else z + residual_now
@@ -223,6 +225,7 @@ def _final_state(k, l, s, z, mu, diagnostics) -> RPCState:  # noqa: E741
         s=s.detach(),
         l=l.detach(),
         y=(mu * z_final).detach(),
+        k_clean=kt.detach(),
         mu=mu.detach(),
         residual=torch.stack(residuals),
         nonzero_fraction=torch.stack(fractions),
