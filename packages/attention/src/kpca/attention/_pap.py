@@ -21,40 +21,55 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def shrink_with_sign(x: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Soft threshold ``sign(x) * max(|x| - tau, 0)`` and the int8 ``sign(x) * [|x| > tau]``."""
+def shrink_with_sign(x: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Soft threshold of ``x`` at ``tau``, computed in place in ``x`` (which it consumes).
+
+    Returns:
+        ``(shrink(x), clamp(x, -tau, tau), sign)`` where ``shrink(x) = sign(x) max(|x| - tau, 0)``
+        and ``sign = sign(x) [|x| > tau]`` as int8, all (B, H, N, D).
+    """
     sign = (x > tau).to(torch.int8) - (x < -tau).to(torch.int8)  # (B, H, N, D)
-    shrunk = x - torch.minimum(torch.maximum(x, -tau), tau)  # (B, H, N, D)
-    return shrunk, sign
+    clamped = torch.clamp(x, min=-tau, max=tau)  # (B, H, N, D)
+    return x.sub_(clamped), clamped, sign
 
 
 def _shrink_backward(
     sign: torch.Tensor, grad_shrunk: torch.Tensor, tau_shape: torch.Size
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of the soft threshold w.r.t. its input and (summed to tau's shape) its threshold."""
-    grad_x = grad_shrunk * sign.abs()  # (B, H, N, D)
-    grad_tau = -(grad_shrunk * sign).sum_to_size(tau_shape)  # (B, H, 1 | N, 1)
+    """Gradients of the soft threshold w.r.t. its input (in place in ``grad_shrunk``) and its threshold."""
+    grad_x = grad_shrunk.masked_fill_(sign == 0, 0.0)  # (B, H, N, D)
+    grad_tau = torch.where(sign > 0, -grad_x, grad_x).sum_to_size(tau_shape)  # (B, H, 1 | N, 1)
     return grad_x, grad_tau
 
 
+def _dense_grad(grad: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An incoming gradient in ``dtype``; autograd passes None for an output that got no gradient."""
+    return torch.zeros(like.shape, dtype=dtype, device=like.device) if grad is None else grad.to(dtype)
+
+
+def _grad_into_shrink(grad_s: torch.Tensor | None, grad_kt: torch.Tensor) -> torch.Tensor:
+    """``grad_s - grad_kt`` as a new tensor; ``grad_s`` is None when S was not used downstream."""
+    return -grad_kt if grad_s is None else grad_s - grad_kt
+
+
 class PapFirst(Function):
-    """First PAP step (L = Z = 0): ``S = shrink(K, tau)``, ``Kt = K - S``. Returns (S, Kt)."""
+    """First PAP step (L = Z = 0): ``S = shrink(K, tau)``, ``Kt = K - S = clamp(K, -tau, tau)``. Returns (S, Kt)."""
 
     @staticmethod
     def forward(ctx, k: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        kf = k.to(_compute_dtype(k))
-        s, sign = shrink_with_sign(kf, tau)
+        ctx.set_materialize_grads(False)
+        s, clamped, sign = shrink_with_sign(k.to(_compute_dtype(k), copy=True), tau)
         ctx.save_for_backward(sign)
-        ctx.meta = (k.dtype, tau.shape)
-        return s, (kf - s).to(k.dtype)
+        ctx.meta = (k.dtype, _compute_dtype(k), tau.shape)
+        return s, clamped.to(k.dtype)
 
     @staticmethod
-    def backward(ctx, grad_s: torch.Tensor, grad_kt: torch.Tensor):
+    def backward(ctx, grad_s: torch.Tensor | None, grad_kt: torch.Tensor | None):
         (sign,) = ctx.saved_tensors
-        k_dtype, tau_shape = ctx.meta
-        grad_kt = grad_kt.to(grad_s.dtype)
-        grad_x, grad_tau = _shrink_backward(sign, grad_s - grad_kt, tau_shape)
-        return (grad_kt + grad_x).to(k_dtype), grad_tau
+        k_dtype, dtype, tau_shape = ctx.meta
+        grad_kt = _dense_grad(grad_kt, sign, dtype)
+        grad_x, grad_tau = _shrink_backward(sign, _grad_into_shrink(grad_s, grad_kt), tau_shape)
+        return grad_x.add_(grad_kt).to(k_dtype), grad_tau
 
 
 class PapStep(Function):
@@ -72,22 +87,26 @@ class PapStep(Function):
 
     @staticmethod
     def forward(ctx, k, tau, l, z, s):  # noqa: E741 (L is the paper's name)
+        ctx.set_materialize_grads(False)
         dtype = _compute_dtype(k)
-        kf, lf = k.to(dtype), l.to(dtype)
-        z_new = kf - lf - s if z is None else z + (kf - lf - s)  # (B, H, N, D)
-        s_new, sign = shrink_with_sign(kf - lf + z_new, tau)
+        kf = k.to(dtype)
+        k_minus_l = kf - l.to(dtype)  # (B, H, N, D)
+        z_new = k_minus_l - s if z is None else (k_minus_l - s).add_(z)
+        s_new, _, sign = shrink_with_sign(k_minus_l.add_(z_new), tau)
         ctx.save_for_backward(sign)
-        ctx.meta = (k.dtype, l.dtype, tau.shape, z is None)
-        return z_new, s_new, (kf - s_new - z_new).to(k.dtype)
+        ctx.meta = (k.dtype, l.dtype, dtype, tau.shape, z is None)
+        return z_new, s_new, (kf - s_new).sub_(z_new).to(k.dtype)
 
     @staticmethod
     def backward(ctx, grad_z_new, grad_s_new, grad_kt):
         (sign,) = ctx.saved_tensors
-        k_dtype, l_dtype, tau_shape, z_was_none = ctx.meta
-        grad_kt = grad_kt.to(grad_s_new.dtype)
-        grad_x, grad_tau = _shrink_backward(sign, grad_s_new - grad_kt, tau_shape)
-        grad_z_total = grad_z_new - grad_kt + grad_x  # everything that reaches Z'
-        grad_k = grad_kt + grad_x + grad_z_total
-        grad_l = -(grad_x + grad_z_total)
+        k_dtype, l_dtype, dtype, tau_shape, z_was_none = ctx.meta
+        grad_kt = _dense_grad(grad_kt, sign, dtype)
+        grad_x, grad_tau = _shrink_backward(sign, _grad_into_shrink(grad_s_new, grad_kt), tau_shape)
+        grad_z_total = grad_x - grad_kt  # everything that reaches Z'
+        if grad_z_new is not None:
+            grad_z_total.add_(grad_z_new)
+        grad_l = grad_x.add_(grad_z_total)  # grad_x + grad_z_total, negated below
+        grad_k = grad_l + grad_kt
         grad_z = None if z_was_none else grad_z_total
-        return grad_k.to(k_dtype), grad_tau, grad_l.to(l_dtype), grad_z, -grad_z_total
+        return grad_k.to(k_dtype), grad_tau, grad_l.neg_().to(l_dtype), grad_z, -grad_z_total
