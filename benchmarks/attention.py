@@ -69,7 +69,7 @@ def make_step(case: dict):
 
 
 def run_case(case: dict) -> dict:
-    """Measure one (method, N) case in this process: peak memory growth (MB) and median time (ms)."""
+    """Measure one (method, N) case in this process: peak memory (MB) and the minimum time over repeats (ms)."""
     torch.manual_seed(0)
     cuda = case["device"] == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
