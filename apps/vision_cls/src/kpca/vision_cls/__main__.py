@@ -1,0 +1,5 @@
+"""``python -m kpca.vision_cls``: the same as the ``vision-cls`` command."""
+
+from kpca.vision_cls.cli import main
+
+main()

@@ -1,0 +1,436 @@
+"""L∞ adversarial attacks (FGSM, PGD, SPSA) on pixel-space classifiers, written in the project (no torchattacks).
+
+Legend: B batch, C channels, H x W image, K classes, S SPSA directions in one chunk.
+
+Every attack takes a model that maps pixel images in [0, 1] of shape (B, C, H, W) to logits (B, K),
+with normalisation inside the model, and returns adversarial pixel images of the same shape,
+detached. Two threat models (``space``):
+
+* ``"pixel"`` (default, the numbers to report): the attack moves the pixels by at most ``eps`` in
+  L∞ and clips to [0, 1] after every step. ``eps`` is in pixel units: ``4 / 255`` is four grey levels.
+* ``"reference"``: the authors' protocol. Their attacks received normalised tensors
+  ``x_norm = (x - mean) / std`` and moved *those* by ``eps`` with no clipping. Here the attack runs
+  on ``x_norm`` in the same way and the returned image is ``(x_norm + delta) * std + mean``, so
+  ``model(returned)`` sees exactly ``x_norm + delta`` with ``|delta| <= eps`` (up to float rounding).
+  **This ``eps`` is not in pixel units**: one step of ``eps`` in normalised space is ``eps * std_c``
+  in pixels (about ``0.225 * eps`` for ImageNet statistics), and the returned pixels may leave [0, 1].
+
+The attacks never call ``model.train()`` or ``model.eval()`` (the caller chooses the mode), turn
+autograd on internally (so they work inside ``torch.no_grad()`` and inside Lightning's test loop
+with ``Trainer(inference_mode=False)``), and differentiate with respect to the input only, so
+no ``.grad`` is left on the model's parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+AttackName = Literal["fgsm", "pgd", "spsa"]
+AttackSpace = Literal["pixel", "reference"]
+ATTACKS: tuple[str, ...] = ("fgsm", "pgd", "spsa")
+SPACES: tuple[str, ...] = ("pixel", "reference")
+PAPER_EPS_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+PGD_STEP_FRACTION = 0.15
+
+Model = Callable[[torch.Tensor], torch.Tensor]
+Stats = Sequence[float] | torch.Tensor
+
+
+def eps_from_255(levels: Sequence[float] = PAPER_EPS_LEVELS) -> list[float]:
+    """Return L∞ radii as fractions from levels in 1/255 units: ``(1, ..., 6)`` gives ``[1/255, ..., 6/255]``."""
+    for level in levels:
+        _check_real("eps level", level)
+        if not math.isfinite(level) or level < 0:
+            raise ValueError(f"eps levels are non-negative numbers in 1/255 units, got {level!r}; e.g. (1, 2, 4)")
+    return [float(level) / 255.0 for level in levels]
+
+
+@dataclass
+class AttackSpec:
+    """One attack of the robustness sweep, evaluated at each radius in ``eps``.
+
+    Args:
+        name: ``fgsm``, ``pgd`` (random start, step ``0.15 * eps``) or ``spsa`` (gradient-free).
+        eps: L∞ radii as fractions, not in 1/255 units (``eps_from_255()`` builds the paper's
+            ``1/255 ... 6/255``). In ``reference`` space they are radii in normalised units.
+        space: ``pixel`` (clip to [0, 1], pixel-unit eps) or ``reference`` (the authors' protocol:
+            perturb the normalised tensor, no clipping).
+        steps: iterations of ``pgd`` and ``spsa``; ``fgsm`` ignores it.
+    """
+
+    name: AttackName
+    eps: list[float]
+    space: AttackSpace = "pixel"
+    steps: int = 20
+
+    def __post_init__(self) -> None:
+        if self.name not in ATTACKS:
+            raise ValueError(f"attack name must be one of {ATTACKS}, got {self.name!r}")
+        if not self.eps:
+            raise ValueError("AttackSpec.eps is empty; pass at least one radius, e.g. eps_from_255((1, 2, 4))")
+        for eps in self.eps:
+            _check_eps(eps)
+        _check_space(self.space)
+        _check_steps(self.steps)
+
+    @classmethod
+    def from_255(
+        cls,
+        name: AttackName,
+        levels: Sequence[float] = PAPER_EPS_LEVELS,
+        space: AttackSpace = "pixel",
+        steps: int = 20,
+    ) -> AttackSpec:
+        """Build a spec from radii in 1/255 units (default: the paper's 1..6)."""
+        return cls(name=name, eps=eps_from_255(levels), space=space, steps=steps)
+
+    def attack_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for ``run_attack`` (``space``, plus ``steps`` for the iterative attacks)."""
+        kwargs: dict[str, object] = {"space": self.space}
+        if self.name != "fgsm":
+            kwargs["steps"] = self.steps
+        return kwargs
+
+
+def fgsm(
+    model: Model,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    eps: float,
+    *,
+    space: AttackSpace = "pixel",
+    mean: Stats | None = None,
+    std: Stats | None = None,
+) -> torch.Tensor:
+    """Fast Gradient Sign Method (Goodfellow et al. 2015): one step of ``eps * sign(grad of CE)``.
+
+    Args:
+        model: maps pixel images (B, C, H, W) to logits (B, K); its train/eval mode is left alone.
+        images: clean pixel images (B, C, H, W), floating point, in [0, 1].
+        labels: true classes (B,), int64.
+        eps: L∞ radius as a fraction (``4 / 255``); in ``reference`` space, in normalised units.
+        space: ``pixel`` or ``reference`` (see the module docstring).
+        mean: per-channel mean (C,) the model normalises with; required for ``reference``, ignored for ``pixel``.
+        std: per-channel std (C,), as ``mean``.
+
+    Returns:
+        Adversarial pixel images (B, C, H, W), detached, same dtype and device as ``images``.
+    """
+    start, labels, to_pixel, bounds = _prepare(model, images, labels, eps, space, mean, std)
+    if eps == 0:
+        return to_pixel(start).detach()
+    grad = _input_grad(model, to_pixel, start, labels)
+    return to_pixel(_project(start + eps * grad.sign(), start, eps, bounds)).detach()
+
+
+def pgd(
+    model: Model,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    eps: float,
+    *,
+    steps: int = 20,
+    step_size: float | None = None,
+    random_start: bool = True,
+    space: AttackSpace = "pixel",
+    mean: Stats | None = None,
+    std: Stats | None = None,
+) -> torch.Tensor:
+    """Projected Gradient Descent on cross-entropy (Madry et al. 2018), L∞, returning the last iterate.
+
+    The paper's setting is the default: 20 steps of ``0.15 * eps`` from a uniform random start in
+    the eps-ball. After every step the iterate is projected onto the ball and, in ``pixel`` space,
+    clipped to [0, 1].
+
+    Args:
+        model: maps pixel images (B, C, H, W) to logits (B, K); its train/eval mode is left alone.
+        images: clean pixel images (B, C, H, W), floating point, in [0, 1].
+        labels: true classes (B,), int64.
+        eps: L∞ radius as a fraction (``4 / 255``); in ``reference`` space, in normalised units.
+        steps: number of gradient steps, at least 1.
+        step_size: size of each signed step; ``None`` means ``0.15 * eps``.
+        random_start: start from a uniform sample of the eps-ball instead of the clean image.
+        space: ``pixel`` or ``reference`` (see the module docstring).
+        mean: per-channel mean (C,) the model normalises with; required for ``reference``, ignored for ``pixel``.
+        std: per-channel std (C,), as ``mean``.
+
+    Returns:
+        Adversarial pixel images (B, C, H, W), detached, same dtype and device as ``images``.
+    """
+    _check_steps(steps)
+    if step_size is not None:
+        _check_positive("step_size", step_size)
+    start, labels, to_pixel, bounds = _prepare(model, images, labels, eps, space, mean, std)
+    if step_size is None:
+        step_size = PGD_STEP_FRACTION * eps
+    if eps == 0:
+        return to_pixel(start).detach()
+    adv = start
+    if random_start:
+        adv = _project(start + torch.empty_like(start).uniform_(-eps, eps), start, eps, bounds)
+    for _ in range(steps):
+        grad = _input_grad(model, to_pixel, adv, labels)
+        adv = _project(adv + step_size * grad.sign(), start, eps, bounds)
+    return to_pixel(adv).detach()
+
+
+def spsa(
+    model: Model,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    eps: float,
+    *,
+    steps: int = 20,
+    delta: float = 0.01,
+    lr: float = 0.01,
+    samples: int = 128,
+    loss: Literal["margin", "ce"] = "margin",
+    max_batch: int = 512,
+    space: AttackSpace = "pixel",
+    mean: Stats | None = None,
+    std: Stats | None = None,
+) -> torch.Tensor:
+    """SPSA (Uesato et al. 2018): gradient-free L∞ attack with Adam on a finite-difference gradient estimate.
+
+    Defaults follow cleverhans' ``spsa`` (``delta=0.01``, ``learning_rate=0.01``, ``spsa_samples=128``,
+    ``spsa_iters=1``, margin loss, uniform random start in the ball, Adam with torch's default
+    betas), with ``steps`` (cleverhans' required ``nb_iter``) set to the PGD count of 20. Each step
+    draws ``samples`` Rademacher directions ``v`` per image and evaluates the model at
+    ``adv ± delta * v`` (the probes are not clipped, as in cleverhans), so a step costs
+    ``2 * samples`` forward passes per image, in chunks of at most ``max(max_batch, 2 * B)``
+    images. Two deliberate differences from cleverhans' PyTorch port: the gradient is estimated at
+    the current iterate (that port estimates it at the clean input every step, cleverhans issue
+    #1249), and a whole batch is attacked at once instead of one image at a time (Adam acts
+    element-wise, so this is the same update). Labels are the true labels.
+
+    Args:
+        model: maps pixel images (B, C, H, W) to logits (B, K); only forward passes are used.
+        images: clean pixel images (B, C, H, W), floating point, in [0, 1].
+        labels: true classes (B,), int64.
+        eps: L∞ radius as a fraction (``4 / 255``); in ``reference`` space, in normalised units.
+        steps: number of Adam updates, at least 1.
+        delta: finite-difference probe size.
+        lr: Adam learning rate.
+        samples: random directions per image and step.
+        loss: objective to raise: ``margin`` (best wrong logit minus true logit, as cleverhans) or ``ce``.
+        max_batch: images per forward pass when probing; memory scales with it.
+        space: ``pixel`` or ``reference`` (see the module docstring).
+        mean: per-channel mean (C,) the model normalises with; required for ``reference``, ignored for ``pixel``.
+        std: per-channel std (C,), as ``mean``.
+
+    Returns:
+        Adversarial pixel images (B, C, H, W), detached, same dtype and device as ``images``.
+    """
+    _check_steps(steps)
+    _check_positive("delta", delta)
+    _check_positive("lr", lr)
+    _check_count("samples", samples)
+    _check_count("max_batch", max_batch)
+    if loss not in ("margin", "ce"):
+        raise ValueError(f"loss must be 'margin' or 'ce', got {loss!r}")
+    start, labels, to_pixel, bounds = _prepare(model, images, labels, eps, space, mean, std, needs_grad=False)
+    if eps == 0:
+        return to_pixel(start).detach()
+
+    def objective(points: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return _objective(model(to_pixel(points)), targets, loss)
+
+    with torch.no_grad():
+        adv = _project(start + torch.empty_like(start).uniform_(-eps, eps), start, eps, bounds)
+        moment1 = torch.zeros_like(start)
+        moment2 = torch.zeros_like(start)
+        beta1, beta2, adam_eps = 0.9, 0.999, 1e-8
+        for step in range(1, steps + 1):
+            grad = _spsa_gradient(objective, adv, labels, delta, samples, max_batch)
+            moment1.mul_(beta1).add_(grad, alpha=1 - beta1)
+            moment2.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            update = (moment1 / (1 - beta1**step)) / ((moment2 / (1 - beta2**step)).sqrt() + adam_eps)
+            adv = _project(adv + lr * update, start, eps, bounds)
+    return to_pixel(adv).detach()
+
+
+def run_attack(
+    name: AttackName,
+    eps: float,
+    model: Model,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    **kwargs: object,
+) -> torch.Tensor:
+    """Run the attack called ``name`` (``fgsm``, ``pgd`` or ``spsa``) at radius ``eps``.
+
+    Args:
+        name: which attack.
+        eps: L∞ radius as a fraction (see the attack's docstring for ``reference`` space).
+        model: maps pixel images (B, C, H, W) to logits (B, K).
+        images: clean pixel images (B, C, H, W) in [0, 1].
+        labels: true classes (B,), int64.
+        **kwargs: keyword arguments of that attack, e.g. ``AttackSpec.attack_kwargs()`` plus ``mean``/``std``.
+
+    Returns:
+        Adversarial pixel images (B, C, H, W), detached.
+    """
+    attacks = {"fgsm": fgsm, "pgd": pgd, "spsa": spsa}
+    if name not in attacks:
+        raise ValueError(f"attack name must be one of {ATTACKS}, got {name!r}")
+    return attacks[name](model, images, labels, eps, **kwargs)
+
+
+def _check_real(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+
+
+def _check_positive(name: str, value: object) -> None:
+    _check_real(name, value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _check_eps(eps: object) -> None:
+    _check_real("eps", eps)
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}; pass a fraction such as 4 / 255")
+    if eps > 1:
+        raise ValueError(f"eps={eps!r} exceeds 1; eps is a fraction, not in 1/255 units: pass {eps!r} / 255")
+
+
+def _check_steps(steps: object) -> None:
+    _check_count("steps", steps)
+
+
+def _check_space(space: object) -> None:
+    if space not in SPACES:
+        raise ValueError(f"space must be one of {SPACES}, got {space!r}")
+
+
+def _channel_stats(name: str, value: Stats | None, images: torch.Tensor) -> torch.Tensor:
+    """Return ``value`` as a (1, C, 1, 1) tensor on the images' device and dtype."""
+    if value is None:
+        raise ValueError(
+            f"space='reference' needs {name}: pass the model's per-channel {name}, "
+            f"e.g. timm.data.IMAGENET_DEFAULT_{name.upper()}"
+        )
+    stats = torch.as_tensor(value, dtype=images.dtype, device=images.device).flatten()
+    if stats.numel() != images.shape[1]:
+        raise ValueError(f"{name} must have one value per channel ({images.shape[1]}), got {stats.numel()} values")
+    return stats.view(1, -1, 1, 1)  # (1, C, 1, 1)
+
+
+def _prepare(
+    model: Model,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    eps: float,
+    space: str,
+    mean: Stats | None,
+    std: Stats | None,
+    *,
+    needs_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor], tuple[float, float] | None]:
+    """Validate the arguments; return the attack-space start, the labels, the map back to pixels, the clip bounds."""
+    if not callable(model):
+        raise TypeError(f"model must be callable (an nn.Module returning logits), got {type(model).__name__}")
+    if not isinstance(images, torch.Tensor) or images.dim() != 4 or not images.is_floating_point():
+        got = f"{tuple(images.shape)} {images.dtype}" if isinstance(images, torch.Tensor) else type(images).__name__
+        raise TypeError(f"images must be a floating-point tensor of shape (B, C, H, W), got {got}")
+    if not isinstance(labels, torch.Tensor) or labels.dtype != torch.long or labels.shape != images.shape[:1]:
+        got = f"{tuple(labels.shape)} {labels.dtype}" if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise TypeError(f"labels must be an int64 tensor of shape ({images.shape[0]},), got {got}")
+    _check_eps(eps)
+    _check_space(space)
+    if needs_grad and torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            "gradient attacks need autograd, but inference mode is on: run them under "
+            "torch.inference_mode(False), or build the Trainer with inference_mode=False"
+        )
+    # Copies made here are normal tensors even if the caller's batch was made in inference mode.
+    images = images.detach().clone()
+    labels = labels.detach().to(images.device, copy=True)
+    if space == "pixel":
+        low, high = images.min().item(), images.max().item()
+        if low < 0 or high > 1:
+            raise ValueError(
+                f"space='pixel' needs images in [0, 1], got values in [{low:.4g}, {high:.4g}]; pass un-normalised "
+                "images (the model normalises), or use space='reference' with mean/std"
+            )
+        return images, labels, _identity, (0.0, 1.0)
+    mean_t = _channel_stats("mean", mean, images)
+    std_t = _channel_stats("std", std, images)
+    if not bool((std_t > 0).all()):
+        raise ValueError(f"std must be positive in every channel, got {std_t.flatten().tolist()}")
+
+    def to_pixel(normalised: torch.Tensor) -> torch.Tensor:
+        return normalised * std_t + mean_t
+
+    return (images - mean_t) / std_t, labels, to_pixel, None
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _project(adv: torch.Tensor, start: torch.Tensor, eps: float, bounds: tuple[float, float] | None) -> torch.Tensor:
+    """Project onto the L∞ ball of radius eps around start, then into bounds (if any)."""
+    adv = torch.maximum(torch.minimum(adv, start + eps), start - eps)
+    if bounds is not None:
+        adv = adv.clamp(*bounds)
+    return adv.detach()
+
+
+def _input_grad(
+    model: Model, to_pixel: Callable[[torch.Tensor], torch.Tensor], point: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """Gradient of the summed cross-entropy with respect to the attack-space input only, (B, C, H, W)."""
+    with torch.enable_grad():
+        point = point.detach().requires_grad_(True)
+        loss = F.cross_entropy(model(to_pixel(point)).float(), labels, reduction="sum")
+        (grad,) = torch.autograd.grad(loss, point)
+    return grad
+
+
+def _objective(logits: torch.Tensor, labels: torch.Tensor, loss: str) -> torch.Tensor:
+    """Per-example attack objective (higher is more adversarial), (B,)."""
+    logits = logits.float()
+    if loss == "ce":
+        return F.cross_entropy(logits, labels, reduction="none")
+    true = logits.gather(1, labels[:, None]).squeeze(1)  # (B,)
+    wrong = logits.scatter(1, labels[:, None], float("-inf")).amax(dim=1)  # (B,)
+    return wrong - true
+
+
+def _spsa_gradient(
+    objective: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    point: torch.Tensor,
+    labels: torch.Tensor,
+    delta: float,
+    samples: int,
+    max_batch: int,
+) -> torch.Tensor:
+    """SPSA estimate of the objective's gradient at point (B, C, H, W) from antithetic Rademacher probes."""
+    batch = point.shape[0]
+    chunk = max(1, max_batch // (2 * batch))
+    grad = torch.zeros_like(point, dtype=torch.float32)
+    for first in range(0, samples, chunk):
+        s = min(chunk, samples - first)
+        signs = torch.randint(0, 2, (s, *point.shape), device=point.device).to(point.dtype) * 2 - 1  # (S, B, C, H, W)
+        probes = torch.cat([point + delta * signs, point - delta * signs])  # (2S, B, C, H, W)
+        values = objective(probes.flatten(0, 1), labels.repeat(2 * s))  # (2S*B,)
+        values = values.view(2, s, batch)  # (2, S, B)
+        diff = (values[0] - values[1]) / (2 * delta)  # (S, B)
+        grad += (diff.view(s, batch, 1, 1, 1) * signs).sum(0)  # (B, C, H, W)
+    return (grad / samples).to(point.dtype)

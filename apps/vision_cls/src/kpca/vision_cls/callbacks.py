@@ -1,0 +1,143 @@
+"""TensorBoard callbacks: per-RPC-layer PAP diagnostics and attention maps of a fixed batch.
+
+Legend: B batch, H heads, N tokens (1 class token + P patches), D head dim, G = sqrt(P) patch grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from torch import nn
+
+from kpca.attention import RPCAttention, SoftmaxAttention
+
+
+def rpc_layers(model: nn.Module) -> dict[str, RPCAttention]:
+    """The RPC attention modules of ``model`` by qualified name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, RPCAttention)}
+
+
+def _tensorboard(trainer: pl.Trainer):
+    for lg in trainer.loggers:
+        if isinstance(lg, TensorBoardLogger):
+            return lg.experiment
+    return None
+
+
+class RPCDiagnostics(pl.Callback):
+    """Every ``every_n_steps`` training steps, log each RPC layer's fraction of non-zero S and PAP residual.
+
+    The PAP state is recorded only on those steps, so other steps pay nothing. Keys:
+    ``train/rpc/<layer>/nonzero_S`` and ``train/rpc/<layer>/residual`` (last iteration, mean over
+    samples and heads), and ``.../residual_first`` for the first iteration.
+
+    Args:
+        every_n_steps: logging period in optimizer steps.
+    """
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        record = trainer.global_step % self.every_n_steps == 0
+        for layer in rpc_layers(pl_module).values():
+            layer.record_state = record
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        metrics = {}
+        for name, layer in rpc_layers(pl_module).items():
+            if not layer.record_state or layer.last_state is None:
+                continue
+            state = layer.last_state
+            short = name.removeprefix("net.vit.").removesuffix(".attn")
+            metrics[f"train/rpc/{short}/nonzero_S"] = state.nonzero_fraction[-1].mean()
+            metrics[f"train/rpc/{short}/residual"] = state.residual[-1].mean()
+            metrics[f"train/rpc/{short}/residual_first"] = state.residual[0].mean()
+            layer.record_state = False
+            layer.last_state = None
+        if metrics:
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False)
+
+
+def class_token_attention(attn: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Attention of the class token over the tokens, for the block input ``tokens``.
+
+    Recomputes the attention probabilities of ``attn`` (timm ``Attention`` or ours; for RPC the
+    last PAP evaluation, ``softmax(Kt Ktᵀ / sqrt(D))``) on (B, N, C) tokens.
+
+    Returns:
+        (B, H, N) probabilities of row 0 (the class token).
+    """
+    b, n, _ = tokens.shape
+    if isinstance(attn, RPCAttention):
+        record, attn.record_state = attn.record_state, True
+        attn(tokens)
+        attn.record_state = record
+        q = k = attn.last_state.k_clean  # (B, H, N, D)
+    else:
+        n_proj = 2 if isinstance(attn, SoftmaxAttention) and attn.symmetric else 3
+        qkv = attn.qkv(tokens).reshape(b, n, n_proj, attn.num_heads, -1).permute(2, 0, 3, 1, 4)  # (P, B, H, N, D)
+        k = attn.k_norm(qkv[-2])
+        q = k if n_proj == 2 else attn.q_norm(qkv[0])
+    scores = q[:, :, :1] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, 1, N)
+    return scores.float().softmax(-1)[:, :, 0]  # (B, H, N)
+
+
+class AttentionMaps(pl.Callback):
+    """After each validation epoch, log class-token attention maps of a fixed batch to TensorBoard (rank 0).
+
+    The batch is the first ``num_images`` validation images, taken once. For each chosen block
+    the image shows the input next to the head-averaged attention of the class token over patches.
+
+    Args:
+        num_images: images in the fixed batch.
+        blocks: block indices to show (negative counts from the end).
+    """
+
+    def __init__(self, num_images: int = 4, blocks: list[int] = [0, -1]) -> None:  # noqa: B006 (CLI default)
+        self.num_images = num_images
+        self.blocks = list(blocks)
+        self._images: torch.Tensor | None = None
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if self._images is None and batch_idx == 0:
+            self._images = batch[0][: self.num_images].detach().cpu()
+
+    @rank_zero_only
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        writer = _tensorboard(trainer)
+        if writer is None or self._images is None or trainer.sanity_checking:
+            return
+        vit = pl_module.net.vit
+        inputs: dict[int, torch.Tensor] = {}
+        hooks = [
+            vit.blocks[i].attn.register_forward_hook(
+                lambda m, args, out, i=i: inputs.__setitem__(i, args[0].detach()), with_kwargs=False
+            )
+            for i in self.blocks
+        ]
+        with torch.no_grad():
+            pl_module.net(self._images.to(pl_module.device))
+        for hook in hooks:
+            hook.remove()
+        for i in self.blocks:
+            maps = self._maps(vit.blocks[i].attn, inputs[i], vit)
+            writer.add_images(f"attention/block{i}", maps, global_step=trainer.global_step)
+
+    @torch.no_grad()
+    def _maps(self, attn: nn.Module, tokens: torch.Tensor, vit: nn.Module) -> torch.Tensor:
+        prefix = getattr(vit, "num_prefix_tokens", 1)
+        probs = class_token_attention(attn, tokens).mean(1)[:, prefix:]  # (B, P)
+        grid = int(math.isqrt(probs.shape[-1]))
+        heat = probs.view(-1, 1, grid, grid)  # (B, 1, G, G)
+        heat = heat / heat.amax((-2, -1), keepdim=True).clamp_min(1e-12)
+        images = self._images
+        heat = F.interpolate(heat.cpu(), size=images.shape[-2:], mode="nearest").expand(-1, 3, -1, -1)
+        return torch.cat([images, heat], dim=-1).clamp(0, 1)  # (B, 3, H, 2W)

@@ -1,0 +1,744 @@
+"""ImageNet-style data for image classification: DeiT training transforms, robustness test sets, built-in digits.
+
+Every dataloader yields ``(images, labels)`` with ``images`` float32 in pixel space [0, 1], shape (B, 3, H, W), and
+``labels`` int64, shape (B,). Nothing is normalised here: the model normalises inside (with :attr:`mean` and
+:attr:`std`), so adversarial attacks and corruptions work in pixel units. The one exception is random erasing, whose
+fill is drawn in normalised space as in DeiT and is therefore allowed to leave [0, 1] (see
+:class:`PixelSpaceRandomErasing`).
+
+Folder layouts (all ImageFolder-style, one sub-folder per class):
+
+* ImageNet: ``root/train/<wnid>/*.JPEG`` and ``root/val/<wnid>/*``.
+* ImageNet-C: ``imagenet_c_root/<corruption>/<severity>/<wnid>/*``.
+* ImageNet-A, ImageNet-R, ImageNet-O: ``<root>/<wnid>/*`` (200 classes each).
+* Built-in digits: scikit-learn's handwritten digits, written once by :func:`write_digits_imagefolder` as
+  ``<cache>/digits-<size>px/{train,val}/<0..9>/*.png`` and then read by the same ImageFolder code as ImageNet.
+"""
+
+import inspect
+import math
+import os
+import shutil
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator, Sequence, Sized
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from imagecorruptions import corrupt, corruption_dict, get_corruption_names
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.data.random_erasing import RandomErasing
+from timm.data.transforms import str_to_interp_mode
+from timm.data.transforms_factory import transforms_imagenet_train
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torchvision import transforms
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import find_classes
+
+EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
+Interpolation = Literal["bicubic", "bilinear", "nearest"]
+
+IMAGENET_LAYOUT = "root/train/<class>/*.JPEG and root/val/<class>/*"
+IMAGENET_C_LAYOUT = "imagenet_c_root/<corruption>/<severity>/<wnid>/* (e.g. gaussian_noise/1/n01440764/x.JPEG)"
+SUBSET_LAYOUT = "<root>/<wnid>/* with one folder per class (e.g. n01498041/x.jpg)"
+DIGITS_CLASSES = [str(d) for d in range(10)]
+_DIGITS_MARKER = ".kpca-digits-complete"
+
+
+def _imagenet_a_synsets() -> list[str]:
+    """The 200 ImageNet-A wnids shipped with timm (also the classes ImageNet-O is built around), sorted."""
+    text = resources.files("timm.data").joinpath("_info", "imagenet_a_synsets.txt").read_text()
+    return sorted(text.split())
+
+
+def default_cache_dir() -> Path:
+    """Where generated data goes: ``$KPCA_CACHE`` if set, else ``~/.cache/kpca``."""
+    return Path(os.environ.get("KPCA_CACHE", Path.home() / ".cache" / "kpca"))
+
+
+def per_device_batch_size(global_batch: int, world_size: int) -> int:
+    """Split a global batch evenly over ``world_size`` processes (devices × nodes).
+
+    Raises:
+        ValueError: If ``global_batch`` is not a positive multiple of ``world_size``.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} must be at least 1.")
+    if global_batch < world_size or global_batch % world_size:
+        lower = max(world_size, global_batch // world_size * world_size)
+        raise ValueError(
+            f"batch_size={global_batch} (the global batch) is not divisible by world_size={world_size} "
+            f"(devices × nodes); set data.batch_size to a multiple of {world_size}, e.g. {lower}."
+        )
+    return global_batch // world_size
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One evaluation set of :meth:`ImageNetDataModule.test_dataloader` (one loader each, in this order).
+
+    Attributes:
+        name: Log prefix, e.g. ``"clean"``, ``"corrupted/fog/3"``, ``"imagenet_c/fog/3"``, ``"imagenet_a"``.
+        kind: ``"clean"`` (the validation set), ``"corrupted"`` (validation set corrupted on the fly),
+            ``"imagenet_c"`` (ImageNet-C folders), ``"imagenet_a"``, ``"imagenet_r"``, ``"imagenet_o"`` (the
+            out-of-distribution images, label -1), ``"imagenet_o_in"`` (its in-distribution partner: the validation
+            images of the 200 ImageNet-A/O classes).
+        corruption: Corruption name for ``"corrupted"`` and ``"imagenet_c"``, else None.
+        severity: Severity 1-5 for ``"corrupted"`` and ``"imagenet_c"``, else None.
+    """
+
+    name: str
+    kind: EvalKind
+    corruption: str | None = None
+    severity: int | None = None
+
+
+class RepeatAugSampler(DistributedSampler):
+    """DeiT's repeated-augmentation sampler, DDP-aware, with a seed.
+
+    Each epoch draws a permutation of the dataset (seeded by ``seed + epoch``; call :meth:`set_epoch`), repeats every
+    index ``num_repeats`` times in a row (``[a, a, a, b, b, b, ...]``) and deals the list round-robin to the ranks, so
+    the copies of one image land on different ranks (when ``num_replicas >= num_repeats``) and get different
+    augmentations. As in DeiT and timm, an epoch keeps the length of a plain epoch: each rank takes only the first
+    ``len(dataset) // selected_round * selected_round // num_replicas`` indices (``ceil(len(dataset) / num_replicas)``
+    for datasets smaller than ``selected_round``), so one epoch sees about ``1 / num_repeats`` of the images,
+    ``num_repeats`` times each. With ``seed=0`` the indices equal ``timm.data.distributed_sampler.RepeatAugSampler``'s.
+
+    It subclasses :class:`~torch.utils.data.DistributedSampler` so that Lightning (``use_distributed_sampler=True``)
+    keeps it as is instead of wrapping it, and calls its ``set_epoch`` every epoch.
+
+    Args:
+        dataset: The dataset to sample from (only its length is used).
+        num_replicas: Number of processes; None reads it from ``torch.distributed`` (1 when not initialised).
+        rank: This process's rank; None reads it from ``torch.distributed`` (0 when not initialised).
+        shuffle: Permute the dataset each epoch; False keeps the dataset order.
+        num_repeats: Copies of each selected sample per epoch, at least 1.
+        seed: Base seed of the per-epoch permutation; must be the same on all ranks.
+        selected_round: Round the per-epoch sample count down to a multiple of this (DeiT: 256); 0 disables.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        num_repeats: int = 3,
+        seed: int = 0,
+        selected_round: int = 256,
+    ) -> None:
+        initialised = dist.is_available() and dist.is_initialized()
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if initialised else 1
+        if rank is None:
+            rank = dist.get_rank() if initialised else 0
+        if num_repeats < 1:
+            raise ValueError(f"num_repeats={num_repeats} must be at least 1 (1 means no repetition).")
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.num_repeats = num_repeats
+        n = len(dataset)
+        self.num_samples = math.ceil(n * num_repeats / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        if selected_round and n >= selected_round:
+            selected = n // selected_round * selected_round // num_replicas
+        else:
+            selected = math.ceil(n / num_replicas)
+        self.num_selected_samples = min(selected, self.num_samples)
+
+    def __iter__(self) -> Iterator[int]:
+        """Indices of this rank for the current epoch."""
+        n = len(self.dataset)
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=generator)
+        else:
+            order = torch.arange(n)
+        indices = torch.repeat_interleave(order, self.num_repeats).tolist()
+        ranks = range(self.rank, self.total_size, self.num_replicas)[: self.num_selected_samples]
+        return iter([indices[i % len(indices)] for i in ranks])
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch."""
+        return self.num_selected_samples
+
+
+class PixelSpaceRandomErasing:
+    """timm's ``RandomErasing`` for pixel-space images, with the fill DeiT draws in normalised space.
+
+    DeiT erases *normalised* images and fills the box with z ~ N(0, 1) per pixel (mode ``"pixel"``), per channel
+    (``"rand"``) or z = 0 (``"const"``). Our images are normalised later, inside the model, so the same fill in pixel
+    space is ``mean + std * z`` per channel. It is not clipped (it leaves [0, 1] on purpose): after the model's
+    normalisation the erased box holds exactly timm's values. The boxes are drawn by timm's own ``RandomErasing`` (same
+    parameters, same random calls) on a NaN canvas; the pixels it filled are copied, mapped to pixel space, into the
+    image, and the other pixels are left untouched.
+
+    Args:
+        probability: Probability of erasing an image.
+        mean: Per-channel normalisation mean of the model.
+        std: Per-channel normalisation std of the model.
+        mode: Fill mode of timm's ``RandomErasing``: ``"pixel"``, ``"rand"`` or ``"const"``.
+        max_count: Maximum number of boxes per image.
+    """
+
+    def __init__(
+        self,
+        probability: float,
+        mean: Sequence[float],
+        std: Sequence[float],
+        mode: Literal["pixel", "rand", "const"] = "pixel",
+        max_count: int = 1,
+    ) -> None:
+        self.erasing = RandomErasing(probability, mode=mode, max_count=max_count, device="cpu")
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)  # (3, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)  # (3, 1, 1)
+
+    def __call__(self, image: Tensor) -> Tensor:
+        """Erase boxes of a (3, H, W) float image in [0, 1]; returns a new tensor."""
+        canvas = self.erasing(torch.full_like(image, float("nan")))  # (3, H, W): NaN where not erased
+        erased = ~torch.isnan(canvas)
+        return torch.where(erased, self.mean + self.std * canvas, image)
+
+    def __repr__(self) -> str:
+        """Show the wrapped timm transform."""
+        return f"{type(self).__name__}({self.erasing!r})"
+
+
+def corrupt_seeded(image: np.ndarray, corruption: str, severity: int, seed: int) -> np.ndarray:
+    """Apply an ``imagecorruptions`` corruption reproducibly.
+
+    The corruptions draw from NumPy's global RNG (``impulse_noise`` and ``glass_blur`` take a ``seed`` instead), so
+    the global RNG is seeded for the call and restored afterwards, and ``seed`` is passed where it is accepted.
+
+    Args:
+        image: (H, W, 3) uint8 array, H and W at least 32.
+        corruption: A name from ``imagecorruptions.get_corruption_names("all")``.
+        severity: 1 to 5.
+        seed: Seed in [0, 2**32).
+
+    Returns:
+        The corrupted (H, W, 3) uint8 array.
+    """
+    kwargs = {"seed": seed} if "seed" in inspect.signature(corruption_dict[corruption]).parameters else {}
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        return corrupt(image, severity=severity, corruption_name=corruption, **kwargs)
+    finally:
+        np.random.set_state(state)
+
+
+class CorruptedDataset(Dataset):
+    """Wrap an image dataset and corrupt its images on the fly, reproducibly.
+
+    The base dataset yields ``(image, label)`` with a PIL image (or an (H, W, 3) uint8 array) that is already resized
+    and cropped; the corruption runs on the uint8 array and ``transform`` (default ``ToTensor``) follows. The seed of
+    item ``index`` is a stable hash of ``(seed, corruption, severity, index)``, so the same item is always corrupted
+    the same way, in any worker and any run.
+
+    Args:
+        base: Dataset of ``(PIL image or uint8 array, label)``.
+        corruption: A name from ``imagecorruptions.get_corruption_names("all")``.
+        severity: 1 to 5.
+        transform: Applied to the corrupted (H, W, 3) uint8 array; default ``transforms.ToTensor()`` (float in [0, 1]).
+        seed: Base seed, mixed into every item's seed.
+    """
+
+    def __init__(
+        self,
+        base: Dataset,
+        corruption: str,
+        severity: int,
+        transform: Callable[[np.ndarray], Tensor] | None = None,
+        seed: int = 0,
+    ) -> None:
+        _check_corruptions([corruption], [severity])
+        self.base = base
+        self.corruption = corruption
+        self.severity = severity
+        self.transform = transform if transform is not None else transforms.ToTensor()
+        self.seed = seed
+
+    def __len__(self) -> int:
+        """Length of the base dataset."""
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        """The corrupted, transformed image ``index`` and its label."""
+        image, label = self.base[index]
+        array = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image, dtype=np.uint8)
+        seed = zlib.crc32(f"{self.seed}:{self.corruption}:{self.severity}:{index}".encode())
+        return self.transform(corrupt_seeded(array, self.corruption, self.severity, seed)), label
+
+
+class _ClassListImageFolder(ImageFolder):
+    """ImageFolder whose classes (and so labels, their positions in ``classes``) are given instead of discovered."""
+
+    def __init__(self, root: str | Path, classes: Sequence[str], transform: Callable | None = None) -> None:
+        self._class_list = list(classes)
+        super().__init__(str(root), transform=transform)
+
+    def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
+        """The given classes, labelled by position."""
+        return self._class_list, {name: i for i, name in enumerate(self._class_list)}
+
+
+def _ood_label(_: int) -> int:
+    """Label of an out-of-distribution image (ImageNet-O)."""
+    return -1
+
+
+def _check_corruptions(corruptions: Sequence[str], severities: Sequence[int]) -> None:
+    """Raise ValueError on unknown corruption names or severities outside 1-5."""
+    known = get_corruption_names("all")
+    unknown = [c for c in corruptions if c not in known]
+    if unknown:
+        raise ValueError(f"Unknown corruption(s) {unknown}; choose from {known}.")
+    bad = [s for s in severities if s not in (1, 2, 3, 4, 5)]
+    if bad:
+        raise ValueError(f"Severities {bad} are invalid; severities must be integers in 1-5.")
+
+
+def _class_folders(directory: Path, layout: str) -> list[str]:
+    """Sorted class folder names of ``directory``; FileNotFoundError or ValueError naming ``layout`` if unusable."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is not a directory; expected the layout {layout}.")
+    try:
+        return find_classes(directory)[0]
+    except FileNotFoundError:
+        raise ValueError(f"{directory} has no class sub-folders; expected the layout {layout}.") from None
+
+
+def _evenly_spaced(dataset: Dataset, k: int | None) -> Dataset:
+    """At most ``k`` items spread evenly over ``dataset`` (every class of a sorted ImageFolder is hit), or all."""
+    n = len(dataset)
+    if k is None or k >= n:
+        return dataset
+    return Subset(dataset, [i * n // k for i in range(k)])
+
+
+def write_digits_imagefolder(root: Path, image_size: int = 32) -> Path:
+    """Write scikit-learn's handwritten digits as an ImageFolder tree, once.
+
+    ``load_digits()`` holds 1797 8×8 images with values 0-16 in 10 classes. They are split 80/20, stratified, with a
+    fixed seed, scaled to uint8, upscaled to ``image_size`` (bicubic), made 3-channel and written as
+    ``root/train/<0..9>/<index>.png`` and ``root/val/<0..9>/<index>.png`` (``index`` into ``load_digits()``). The tree
+    is written into a temporary folder beside ``root`` and renamed into place, so a crash never leaves half a tree;
+    when ``root`` already holds a complete tree, nothing is written.
+
+    Args:
+        root: Folder to create.
+        image_size: Side of the written square images, in pixels.
+
+    Returns:
+        ``root``.
+
+    Raises:
+        ValueError: If ``root`` exists but is not a complete digits tree.
+    """
+    root = Path(root)
+    if (root / _DIGITS_MARKER).is_file():
+        return root
+    if root.exists():
+        raise ValueError(
+            f"{root} exists but is not a complete digits tree (no {_DIGITS_MARKER}); delete it or move it."
+        )
+    from sklearn.datasets import load_digits  # imported here: scikit-learn is slow to import and only needed once
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    indices = np.arange(len(digits.target))
+    train, val = train_test_split(indices, test_size=0.2, stratify=digits.target, random_state=0)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        for split, split_indices in (("train", train), ("val", val)):
+            for label in DIGITS_CLASSES:
+                (tmp / split / label).mkdir(parents=True)
+            for i in split_indices:
+                pixels = np.round(digits.images[i] * (255.0 / 16.0)).astype(np.uint8)  # (8, 8)
+                image = Image.fromarray(pixels).resize((image_size, image_size), Image.Resampling.BICUBIC)
+                image.convert("RGB").save(tmp / split / str(digits.target[i]) / f"{i:04d}.png")
+        (tmp / _DIGITS_MARKER).touch()
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            if not (root / _DIGITS_MARKER).is_file():  # not a concurrent writer that finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rank_zero_info(f"Wrote the digits tree ({len(train)} train, {len(val)} val images, {image_size}px) to {root}")
+    return root
+
+
+class ImageNetDataModule(LightningDataModule):
+    """ImageNet-1K (or any ImageFolder tree, or the built-in digits) with DeiT's augmentation and robustness test sets.
+
+    Loaders yield float32 pixel-space images in [0, 1], (B, 3, H, W); the model normalises with :attr:`mean` and
+    :attr:`std`. ``val_dataloader`` and ``predict_dataloader`` give the clean validation set; ``test_dataloader`` gives
+    one loader per entry of :attr:`eval_sets`.
+
+    Args:
+        root: ImageFolder root holding ``train/<class>/*.JPEG`` and ``val/<class>/*`` (ImageNet-1K: 1000 wnid folders
+            each). Exactly one of ``root`` and ``builtin`` must be set.
+        builtin: ``"digits"`` uses scikit-learn's handwritten digits (10 classes), written once under ``cache_dir`` as
+            an ImageFolder tree at ``image_size`` pixels and read by the same code as ImageNet.
+        cache_dir: Where built-in data is written; None means ``$KPCA_CACHE`` or else ``~/.cache/kpca``.
+        batch_size: Global batch size over all devices and nodes; each process loads ``batch_size // world_size``
+            (setup raises ValueError if it does not divide).
+        num_workers: Dataloader worker processes per device.
+        image_size: Side of the square images the model sees, in pixels.
+        crop_pct: Evaluation resizes the short side to ``image_size / crop_pct`` and center-crops ``image_size``.
+        auto_augment: timm auto-augment policy for training (DeiT: ``"rand-m9-mstd0.5-inc1"``); None disables.
+        color_jitter: Brightness/contrast/saturation jitter for training; as in timm it is ignored while
+            ``auto_augment`` is set.
+        re_prob: Random-erasing probability for training (DeiT: 0.25); 0 disables.
+        re_mode: Random-erasing fill, drawn in normalised space as in timm (see :class:`PixelSpaceRandomErasing`).
+        interpolation: Resampling filter of the training crop, of RandAugment and of the evaluation resize.
+        repeated_aug: Copies of each training sample per epoch spread over the ranks (DeiT: 3); 1 disables.
+        pin_memory: Pin loaded batches in page-locked memory (only used when an accelerator is present).
+        imagenet_c_root: ImageNet-C root, ``<corruption>/<severity>/<wnid>/*``; every corruption folder found is
+            evaluated at each of ``severities``.
+        imagenet_a_root: ImageNet-A root (200 wnid folders); labels are positions in sorted wnid order.
+        imagenet_r_root: ImageNet-R root (200 wnid folders); labels are positions in sorted wnid order.
+        imagenet_o_root: ImageNet-O root (wnid folders of out-of-distribution images, label -1); also adds the
+            in-distribution set ``imagenet_o_in``: the validation images of the 200 ImageNet-A classes.
+        corruptions: ``imagecorruptions`` names applied on the fly to the validation set (after the resize and crop),
+            each at every severity in ``severities``, e.g. ``[gaussian_noise, fog]``. ``glass_blur`` is compiled by
+            numba on first use in each worker (a few seconds).
+        severities: Severities (1-5) for ``corruptions`` and for ImageNet-C.
+        eval_subset: Use only this many images of every evaluation set (validation, test and predict loaders),
+            spread evenly over the set so all classes appear; None uses all. For quick runs.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        builtin: Literal["digits"] | None = None,
+        cache_dir: str | None = None,
+        batch_size: int = 1024,
+        num_workers: int = 8,
+        image_size: int = 224,
+        crop_pct: float = 0.875,
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        color_jitter: float = 0.3,
+        re_prob: float = 0.25,
+        re_mode: Literal["pixel", "rand", "const"] = "pixel",
+        interpolation: Interpolation = "bicubic",
+        repeated_aug: int = 3,
+        pin_memory: bool = True,
+        imagenet_c_root: str | None = None,
+        imagenet_a_root: str | None = None,
+        imagenet_r_root: str | None = None,
+        imagenet_o_root: str | None = None,
+        corruptions: tuple[str, ...] = (),
+        severities: tuple[int, ...] = (1, 2, 3, 4, 5),
+        eval_subset: int | None = None,
+    ) -> None:
+        super().__init__()
+        if (root is None) == (builtin is None):
+            raise ValueError(
+                f"Set exactly one of data.root and data.builtin (got root={root!r}, builtin={builtin!r}): "
+                f"root is an ImageFolder tree ({IMAGENET_LAYOUT}), builtin='digits' the built-in digits."
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be positive (it is the global batch over all devices).")
+        if num_workers < 0:
+            raise ValueError(f"num_workers={num_workers} must be 0 (load in the main process) or more.")
+        if not 0.0 < crop_pct <= 1.0:
+            raise ValueError(f"crop_pct={crop_pct} must be in (0, 1]; DeiT uses 0.875.")
+        if not 0.0 <= re_prob <= 1.0:
+            raise ValueError(f"re_prob={re_prob} must be a probability in [0, 1]; 0 disables random erasing.")
+        if repeated_aug < 1:
+            raise ValueError(f"repeated_aug={repeated_aug} must be at least 1; 1 disables repeated augmentation.")
+        if eval_subset is not None and eval_subset < 1:
+            raise ValueError(f"eval_subset={eval_subset} must be positive, or None to evaluate on all images.")
+        _check_corruptions(corruptions, severities)
+        if (corruptions or imagenet_c_root) and not severities:
+            raise ValueError("severities is empty; list at least one of 1-5 for the corruptions and ImageNet-C.")
+        if corruptions and image_size < 32:
+            raise ValueError(f"image_size={image_size}: imagecorruptions needs images of at least 32 pixels.")
+        self.root = Path(root) if root is not None else None
+        self.builtin = builtin
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.image_size = image_size
+        self.crop_pct = crop_pct
+        self.auto_augment = auto_augment
+        self.color_jitter = color_jitter
+        self.re_prob = re_prob
+        self.re_mode = re_mode
+        self.interpolation = interpolation
+        self.repeated_aug = repeated_aug
+        self.pin_memory = pin_memory
+        self.imagenet_c_root = Path(imagenet_c_root) if imagenet_c_root is not None else None
+        self.imagenet_a_root = Path(imagenet_a_root) if imagenet_a_root is not None else None
+        self.imagenet_r_root = Path(imagenet_r_root) if imagenet_r_root is not None else None
+        self.imagenet_o_root = Path(imagenet_o_root) if imagenet_o_root is not None else None
+        self.corruptions = tuple(corruptions)
+        self.severities = tuple(severities)
+        self.eval_subset = eval_subset
+        self.batch_size_per_device = batch_size
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_sets: list[Dataset] | None = None
+
+    @property
+    def data_root(self) -> Path:
+        """The ImageFolder root in use: ``root``, or the digits tree under ``cache_dir``."""
+        if self.root is not None:
+            return self.root
+        return self.cache_dir / f"digits-{self.image_size}px"
+
+    @property
+    def classes(self) -> list[str]:
+        """Class folder names in label order (read from ``root/train`` without loading the dataset)."""
+        if self.builtin == "digits":
+            return list(DIGITS_CLASSES)
+        return _class_folders(self.data_root / "train", IMAGENET_LAYOUT)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes: 10 for digits, the number of class folders in ``root/train`` otherwise."""
+        return len(self.classes)
+
+    @property
+    def mean(self) -> tuple[float, float, float]:
+        """Per-channel mean the model normalises with (timm's IMAGENET_DEFAULT_MEAN)."""
+        return IMAGENET_DEFAULT_MEAN
+
+    @property
+    def std(self) -> tuple[float, float, float]:
+        """Per-channel std the model normalises with (timm's IMAGENET_DEFAULT_STD)."""
+        return IMAGENET_DEFAULT_STD
+
+    @property
+    def eval_sets(self) -> list[EvalSet]:
+        """The test sets, in the order of :meth:`test_dataloader`: clean, corrupted, ImageNet-C, -A, -R, -O, -O in."""
+        sets = [EvalSet("clean", "clean")]
+        sets += [EvalSet(f"corrupted/{c}/{s}", "corrupted", c, s) for c in self.corruptions for s in self.severities]
+        if self.imagenet_c_root is not None:
+            sets += [
+                EvalSet(f"imagenet_c/{c}/{s}", "imagenet_c", c, s)
+                for c in self._imagenet_c_corruptions()
+                for s in self.severities
+            ]
+        if self.imagenet_a_root is not None:
+            sets.append(EvalSet("imagenet_a", "imagenet_a"))
+        if self.imagenet_r_root is not None:
+            sets.append(EvalSet("imagenet_r", "imagenet_r"))
+        if self.imagenet_o_root is not None:
+            sets += [EvalSet("imagenet_o", "imagenet_o"), EvalSet("imagenet_o_in", "imagenet_o_in")]
+        return sets
+
+    def class_indices(self, eval_set: EvalSet) -> list[int] | None:
+        """Columns of the model's logits that an evaluation set's labels refer to, or None for all classes.
+
+        ImageNet-A and -R labels are positions in their sorted 200 wnids, so their predictions are the argmax over
+        these columns. ImageNet-O and its in-distribution set use the ImageNet-A classes present in the training
+        classes (all 200 on ImageNet-1K), as in Hendrycks et al.'s evaluation.
+        """
+        class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        if eval_set.kind in ("imagenet_a", "imagenet_r"):
+            root = self._subset_root(eval_set.kind)
+            wnids = _class_folders(root, SUBSET_LAYOUT)
+            missing = [w for w in wnids if w not in class_to_idx]
+            if missing:
+                raise ValueError(
+                    f"{root} has class folders {missing[:5]} that are not training classes of {self.data_root}; "
+                    f"{eval_set.kind} needs an ImageNet-1K root (wnid folder names)."
+                )
+            return [class_to_idx[w] for w in wnids]
+        if eval_set.kind in ("imagenet_o", "imagenet_o_in"):
+            return [class_to_idx[w] for w in self._ood_classes()]
+        return None
+
+    def prepare_data(self) -> None:
+        """Write the digits tree (once per node; Lightning calls this on local rank 0 only) and check the folders."""
+        if self.builtin == "digits":
+            write_digits_imagefolder(self.data_root, image_size=self.image_size)
+        self._check_layout()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the datasets that ``stage`` needs and the per-device batch size."""
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        self.batch_size_per_device = per_device_batch_size(self.batch_size, world_size)
+        self._check_layout()
+        if stage in (None, "fit") and self.train_set is None:
+            self.train_set = ImageFolder(str(self.data_root / "train"), transform=self.train_transform())
+        if stage in (None, "fit", "validate", "predict") and self.val_set is None:
+            self.val_set = _evenly_spaced(self._val_folder(self._eval_transform()), self.eval_subset)
+        if stage in (None, "test") and self.test_sets is None:
+            self.test_sets = [_evenly_spaced(self._build_eval_set(s), self.eval_subset) for s in self.eval_sets]
+
+    def train_transform(self) -> Callable:
+        """DeiT training transform, ending in a pixel-space (3, H, W) float tensor.
+
+        timm's ``transforms_imagenet_train`` builds the PIL stages (random resized crop, horizontal flip, RandAugment or
+        color jitter). Its tensor stage is replaced: timm would normalise there (``normalize=False`` gives uint8 and
+        drops random erasing), so ``ToTensor`` and :class:`PixelSpaceRandomErasing` follow instead.
+        """
+        primary, secondary, _ = transforms_imagenet_train(
+            img_size=self.image_size,
+            color_jitter=self.color_jitter or None,
+            auto_augment=self.auto_augment or None,
+            interpolation=self.interpolation,
+            mean=self.mean,
+            std=self.std,
+            separate=True,
+        )
+        stages = [*primary.transforms, *secondary.transforms, transforms.ToTensor()]
+        if self.re_prob > 0:
+            stages.append(PixelSpaceRandomErasing(self.re_prob, self.mean, self.std, mode=self.re_mode))
+        return transforms.Compose(stages)
+
+    def eval_geometry(self) -> Callable:
+        """Evaluation resize (short side to ``image_size / crop_pct``) and center crop, on PIL images."""
+        return transforms.Compose(
+            [
+                transforms.Resize(
+                    math.floor(self.image_size / self.crop_pct), interpolation=str_to_interp_mode(self.interpolation)
+                ),
+                transforms.CenterCrop(self.image_size),
+            ]
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training batches of the per-device size, last partial batch dropped.
+
+        With ``repeated_aug > 1`` the sampler is a :class:`RepeatAugSampler` built for this rank and seeded with
+        ``PL_GLOBAL_SEED`` (set by ``seed_everything``; the seed Lightning gives its own samplers). Being a
+        ``DistributedSampler``, Lightning uses it as is (no wrapping) and calls its ``set_epoch`` every epoch.
+        Otherwise the loader shuffles, and under DDP Lightning swaps in its ``DistributedSampler``.
+        """
+        train_set = self._require(self.train_set, "fit")
+        if self.repeated_aug == 1:
+            return self._loader(train_set, shuffle=True, drop_last=True)
+        trainer = self.trainer
+        sampler = RepeatAugSampler(
+            train_set,
+            num_replicas=trainer.world_size if trainer is not None else None,
+            rank=trainer.global_rank if trainer is not None else None,
+            num_repeats=self.repeated_aug,
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+        )
+        return self._loader(train_set, sampler=sampler, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """The clean validation set."""
+        return self._loader(self._require(self.val_set, "validate"))
+
+    def test_dataloader(self) -> list[DataLoader]:
+        """One loader per entry of :attr:`eval_sets`, in that order."""
+        return [self._loader(dataset) for dataset in self._require(self.test_sets, "test")]
+
+    def predict_dataloader(self) -> DataLoader:
+        """The clean validation set."""
+        return self._loader(self._require(self.val_set, "predict"))
+
+    def _loader(
+        self, dataset: Dataset, shuffle: bool = False, drop_last: bool = False, sampler: RepeatAugSampler | None = None
+    ) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size_per_device,
+            shuffle=shuffle,
+            sampler=sampler,
+            drop_last=drop_last,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and torch.accelerator.is_available(),
+        )
+
+    @staticmethod
+    def _require(value: Dataset | list[Dataset] | None, stage: str) -> Dataset | list[Dataset]:
+        if value is None:
+            raise RuntimeError(f"The datasets are not built; call setup({stage!r}) first (the Trainer does).")
+        return value
+
+    def _eval_transform(self) -> Callable:
+        return transforms.Compose([self.eval_geometry(), transforms.ToTensor()])
+
+    def _val_folder(self, transform: Callable) -> ImageFolder:
+        return _ClassListImageFolder(self.data_root / "val", self.classes, transform=transform)
+
+    def _check_layout(self) -> None:
+        """Raise FileNotFoundError or ValueError naming the path and the expected layout if a folder is unusable."""
+        train = self.classes
+        val = _class_folders(self.data_root / "val", IMAGENET_LAYOUT)
+        if train != val:
+            only_train, only_val = sorted(set(train) - set(val)), sorted(set(val) - set(train))
+            raise ValueError(
+                f"{self.data_root}: train and val class folders differ (only in train: {only_train[:5]}, only in val: "
+                f"{only_val[:5]}); labels come from the folder names, so both splits need the same classes."
+            )
+        for root in (self.imagenet_a_root, self.imagenet_r_root, self.imagenet_o_root):
+            if root is not None:
+                _class_folders(root, SUBSET_LAYOUT)
+        if self.imagenet_c_root is not None:
+            for corruption in self._imagenet_c_corruptions():
+                for severity in self.severities:
+                    _class_folders(self.imagenet_c_root / corruption / str(severity), IMAGENET_C_LAYOUT)
+        if self.imagenet_o_root is not None:
+            self._ood_classes()
+
+    def _imagenet_c_corruptions(self) -> list[str]:
+        """Corruption folders of the ImageNet-C root, in imagecorruptions' (ImageNet-C's) order."""
+        assert self.imagenet_c_root is not None, "only called when imagenet_c_root is set"
+        folders = _class_folders(self.imagenet_c_root, IMAGENET_C_LAYOUT)
+        known = get_corruption_names("all")
+        unknown = [f for f in folders if f not in known]
+        if unknown:
+            raise ValueError(
+                f"{self.imagenet_c_root} has folders {unknown} that are not corruption names; expected the layout "
+                f"{IMAGENET_C_LAYOUT} with corruptions among {known}."
+            )
+        return [c for c in known if c in folders]
+
+    def _ood_classes(self) -> list[str]:
+        """The ImageNet-A/O wnids among the training classes, sorted."""
+        ours = set(self.classes)
+        wnids = [w for w in _imagenet_a_synsets() if w in ours]
+        if not wnids:
+            raise ValueError(
+                f"imagenet_o_root is set but {self.data_root} has none of the 200 ImageNet-A/O wnids as class folders; "
+                "ImageNet-O needs an ImageNet-1K root."
+            )
+        return wnids
+
+    def _build_eval_set(self, eval_set: EvalSet) -> Dataset:
+        if eval_set.kind == "clean":
+            return self._val_folder(self._eval_transform())
+        if eval_set.kind == "corrupted":
+            assert eval_set.corruption is not None and eval_set.severity is not None, "set by eval_sets"
+            return CorruptedDataset(self._val_folder(self.eval_geometry()), eval_set.corruption, eval_set.severity)
+        if eval_set.kind == "imagenet_c":
+            assert self.imagenet_c_root is not None, "set by eval_sets"
+            folder = self.imagenet_c_root / str(eval_set.corruption) / str(eval_set.severity)
+            return _ClassListImageFolder(folder, self.classes, transform=self._eval_transform())
+        if eval_set.kind == "imagenet_o_in":
+            return _ClassListImageFolder(self.data_root / "val", self._ood_classes(), transform=self._eval_transform())
+        target_transform = _ood_label if eval_set.kind == "imagenet_o" else None
+        root = self._subset_root(eval_set.kind)
+        return ImageFolder(str(root), transform=self._eval_transform(), target_transform=target_transform)
+
+    def _subset_root(self, kind: EvalKind) -> Path:
+        """The root folder of ImageNet-A, -R or -O."""
+        roots = {
+            "imagenet_a": self.imagenet_a_root,
+            "imagenet_r": self.imagenet_r_root,
+            "imagenet_o": self.imagenet_o_root,
+        }
+        root = roots.get(kind)
+        if root is None:
+            raise ValueError(f"Eval set kind {kind!r} has no folder; set data.{kind}_root.")
+        return root

@@ -1,0 +1,157 @@
+"""RobustnessEvaluator: the test stage's metrics over every evaluation set, plus adversarial attacks.
+
+The test dataloaders are the datamodule's ``eval_sets`` in order (clean first); each batch is routed
+to the metric its set needs. Metrics are torchmetrics objects, so DDP ranks are reduced on compute.
+Legend: B batch, K classes (1000 for ImageNet), M subset classes (200).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchmetrics import CatMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from kpca.vision_cls.attacks import AttackSpec, run_attack
+from kpca.vision_cls.data import EvalSet
+from kpca.vision_cls.robustness import (
+    anomaly_score,
+    corruption_errors,
+    corruption_rows,
+    masked_logits,
+    ood_aupr,
+    subset_indices,
+    write_report,
+)
+
+logger = logging.getLogger(__name__)
+
+_SUBSET_KINDS = {"imagenet_a": "imagenet_a", "imagenet_r": "imagenet_r", "imagenet_o": "imagenet_o"}
+
+
+def eps_label(eps: float) -> str:
+    """A radius as a metric-name fragment in 1/255 units: 2/255 -> ``eps2``, 0.5/255 -> ``eps0.5``."""
+    return f"eps{round(eps * 255, 3):g}"
+
+
+class RobustnessEvaluator:
+    """Test-stage evaluation: clean top-1/top-5, corruptions (mCE), ImageNet-A/R/O and attacks.
+
+    Args:
+        attacks: attacks run on the first ``attack_batches`` batches of the clean set, each at its radii.
+        attack_batches: how many clean batches per rank are attacked (None: all of them).
+        report_name: file stem of the Markdown / CSV reports written into the run's log dir.
+    """
+
+    def __init__(
+        self,
+        attacks: list[AttackSpec] | None = None,
+        attack_batches: int | None = 2,
+        report_name: str = "robustness",
+    ) -> None:
+        if attack_batches is not None and attack_batches < 1:
+            raise ValueError(f"attack_batches must be >= 1 or None (all batches), got {attack_batches}")
+        self.attacks = list(attacks or [])
+        self.attack_batches = attack_batches
+        self.report_name = report_name
+        self.eval_sets: list[EvalSet] = []
+
+    def start(self, eval_sets: Sequence[EvalSet], num_classes: int, device: torch.device) -> None:
+        """Create fresh metrics for ``eval_sets`` (the test dataloaders, in order) on ``device``."""
+        self.eval_sets = list(eval_sets)
+        self.num_classes = num_classes
+        self.device = device
+        self.accuracy: dict[str, MulticlassAccuracy] = {}
+        for s in self.eval_sets:
+            if s.kind in ("imagenet_o", "imagenet_o_in"):
+                continue
+            classes = 200 if s.kind in _SUBSET_KINDS else num_classes
+            self.accuracy[s.name] = MulticlassAccuracy(classes, top_k=1).to(device)
+        self.top5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes)).to(device)
+        self.ood_scores = {"in": CatMetric().to(device), "out": CatMetric().to(device)}
+        self.attack_accuracy = {
+            (a.name, a.space, eps): MulticlassAccuracy(num_classes, top_k=1).to(device)
+            for a in self.attacks
+            for eps in a.eps
+        }
+        self._subsets = {kind: subset_indices(kind).to(device) for kind in _SUBSET_KINDS.values()}
+
+    def step(self, net: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int, batch_idx: int):
+        """Update the metrics of set ``dataloader_idx`` with one (B, 3, H, W) batch and its (B,) labels."""
+        images, labels = batch
+        eval_set = self.eval_sets[dataloader_idx]
+        logits = net(images)  # (B, K)
+        if eval_set.kind in ("imagenet_a", "imagenet_r"):
+            self.accuracy[eval_set.name](masked_logits(logits, self._subsets[eval_set.kind]), labels)
+        elif eval_set.kind in ("imagenet_o", "imagenet_o_in"):
+            scores = anomaly_score(masked_logits(logits, self._subsets["imagenet_o"]))  # (B,)
+            self.ood_scores["out" if eval_set.kind == "imagenet_o" else "in"].update(scores)
+        else:
+            self.accuracy[eval_set.name](logits, labels)
+        if eval_set.kind == "clean":
+            self.top5(logits, labels)
+            if self.attack_batches is None or batch_idx < self.attack_batches:
+                self._attack(net, images, labels)
+
+    def _attack(self, net: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """Attack a clean batch; Lightning's test loop runs in inference mode, so leave it here.
+
+        ``reference``-space attacks normalise with the network's own ``mean`` / ``std`` buffers.
+        """
+        stats = {"mean": net.mean.flatten(), "std": net.std.flatten()}
+        with torch.inference_mode(False), torch.enable_grad():
+            images, labels = images.clone(), labels.clone()
+            for attack in self.attacks:
+                for eps in attack.eps:
+                    adversarial = run_attack(attack.name, eps, net, images, labels, **attack.attack_kwargs(), **stats)
+                    with torch.no_grad():
+                        self.attack_accuracy[attack.name, attack.space, eps](net(adversarial), labels)
+
+    def compute(self) -> dict[str, float]:
+        """All results as flat ``<evaluation>/<setting>/<metric>`` names (accuracies in [0, 1])."""
+        results: dict[str, float] = {}
+        errors: dict[str, dict[tuple[str, int], float]] = {"corrupted": {}, "imagenet_c": {}}
+        for s in self.eval_sets:
+            if s.name not in self.accuracy:
+                continue
+            acc = float(self.accuracy[s.name].compute())
+            if s.kind in errors:
+                errors[s.kind][s.corruption, s.severity] = 1.0 - acc
+                results[f"{s.kind}/{s.corruption}/s{s.severity}/acc1"] = acc
+            else:
+                results[f"{s.kind}/acc1"] = acc
+        results["clean/acc5"] = float(self.top5.compute())
+        for kind, per_set in errors.items():
+            if per_set:
+                summary = corruption_errors(per_set)
+                results[f"{kind}/mean_acc1"] = summary["mean_accuracy"]
+                if summary["mce_comparable"]:
+                    results[f"{kind}/mCE"] = summary["mCE"]
+        if any(s.kind == "imagenet_o" for s in self.eval_sets):
+            scores_in, scores_out = (self.ood_scores[k].compute().flatten() for k in ("in", "out"))
+            results["imagenet_o/aupr"] = ood_aupr(scores_in, scores_out)
+        for (name, space, eps), metric in self.attack_accuracy.items():
+            results[f"attack/{name}-{space}/{eps_label(eps)}/acc1"] = float(metric.compute())
+        return results
+
+    def write_report(self, results: dict[str, float], out_dir: str | Path) -> list[Path]:
+        """Write the results (and the per-corruption table, when corruptions ran) as Markdown and CSV."""
+        rows = [{"metric": name, "value": value} for name, value in results.items() if not math.isnan(value)]
+        paths = list(write_report(rows, out_dir, self.report_name))
+        for kind in ("corrupted", "imagenet_c"):
+            per_set = {
+                (s.corruption, s.severity): 1.0 - results[f"{kind}/{s.corruption}/s{s.severity}/acc1"]
+                for s in self.eval_sets
+                if s.kind == kind
+            }
+            if per_set:
+                paths += write_report(
+                    corruption_rows(corruption_errors(per_set)), out_dir, f"{self.report_name}_{kind}"
+                )
+        logger.info("robustness report: %s", ", ".join(str(p) for p in paths))
+        return paths

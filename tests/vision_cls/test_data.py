@@ -1,0 +1,290 @@
+"""ImageNetDataModule, its samplers and transforms, on generated ImageFolder trees and the built-in digits."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from timm.data.distributed_sampler import RepeatAugSampler as TimmRepeatAugSampler
+from torch.utils.data import DistributedSampler
+
+from kpca.vision_cls.data import (
+    CorruptedDataset,
+    EvalSet,
+    ImageNetDataModule,
+    PixelSpaceRandomErasing,
+    RepeatAugSampler,
+    per_device_batch_size,
+    write_digits_imagefolder,
+)
+
+A_WNIDS = ["n01498041", "n01531178"]  # in timm's ImageNet-A (and ImageNet-R) synset lists
+NOT_A_WNID = "n01440764"  # tench: in neither
+WNIDS = sorted([NOT_A_WNID, *A_WNIDS])
+FAST = {"num_workers": 0, "pin_memory": False, "image_size": 32, "batch_size": 4}
+
+
+def make_tree(root: Path, classes: list[str], per_class: int = 2, size: tuple[int, int] = (40, 48)) -> Path:
+    """Random JPEGs in root/<class>/<i>.JPEG."""
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.JPEG")
+    return root
+
+
+@pytest.fixture
+def imagenet(tmp_path: Path) -> Path:
+    root = tmp_path / "imagenet"
+    make_tree(root / "train", WNIDS)
+    make_tree(root / "val", WNIDS)
+    return root
+
+
+@pytest.fixture(scope="module")
+def digits_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.mktemp("cache")
+    write_digits_imagefolder(cache / "digits-32px", image_size=32)
+    return cache
+
+
+def test_digits_tree_counts_classes_and_sizes(digits_cache: Path):
+    root = digits_cache / "digits-32px"
+    counts = {
+        split: {c: len(list((root / split / c).glob("*.png"))) for c in map(str, range(10))}
+        for split in ("train", "val")
+    }
+    assert sum(counts["train"].values()) + sum(counts["val"].values()) == 1797
+    assert sum(counts["val"].values()) == 360  # 20 %, stratified
+    assert all(n >= 14 for n in counts["val"].values())
+    with Image.open(next((root / "val" / "3").glob("*.png"))) as image:
+        assert image.size == (32, 32) and image.mode == "RGB"
+    assert [p.name for p in digits_cache.iterdir()] == ["digits-32px"]  # no temporary folder left behind
+
+
+def test_digits_tree_is_written_once(digits_cache: Path, tmp_path: Path):
+    root = digits_cache / "digits-32px"
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*.png")}
+    assert write_digits_imagefolder(root, image_size=32) == root
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*.png")} == before
+    (tmp_path / "half").mkdir()
+    with pytest.raises(ValueError, match="not a complete digits tree"):
+        write_digits_imagefolder(tmp_path / "half")
+
+
+def test_digits_datamodule_batches(digits_cache: Path):
+    dm = ImageNetDataModule(builtin="digits", cache_dir=str(digits_cache), **{**FAST, "batch_size": 16}, re_prob=0.0)
+    assert dm.num_classes == 10
+    dm.prepare_data()
+    dm.setup("fit")
+    train = dm.train_dataloader()
+    assert isinstance(train.sampler, RepeatAugSampler)
+    assert len(train) == 1437 // 256 * 256 // 16  # DeiT's epoch: rounded to 256 samples, repeats included
+    images, labels = next(iter(train))
+    assert images.shape == (16, 3, 32, 32) and images.dtype == torch.float32
+    assert labels.dtype == torch.int64 and labels.min() >= 0 and labels.max() <= 9
+    assert images.min() >= 0.0 and images.max() <= 1.0
+    images, _ = next(iter(dm.val_dataloader()))
+    assert images.shape == (16, 3, 32, 32) and images.min() >= 0.0 and images.max() <= 1.0 and images.max() > 0.5
+
+
+def test_imagenet_tree_batches_and_classes(imagenet: Path):
+    dm = ImageNetDataModule(root=str(imagenet), **FAST, re_prob=0.0, repeated_aug=1)
+    assert dm.classes == WNIDS and dm.num_classes == 3
+    assert dm.mean == pytest.approx((0.485, 0.456, 0.406)) and dm.std == pytest.approx((0.229, 0.224, 0.225))
+    dm.prepare_data()
+    dm.setup("fit")
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 32, 32) and images.min() >= 0.0 and images.max() <= 1.0
+    images, labels = next(iter(dm.val_dataloader()))
+    assert images.shape == (4, 3, 32, 32) and labels.tolist() == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"root": "x", "builtin": "digits"}])
+def test_root_xor_builtin(kwargs: dict):
+    with pytest.raises(ValueError, match="exactly one of data.root and data.builtin"):
+        ImageNetDataModule(**kwargs)
+
+
+def test_layout_errors_name_the_path_and_layout(tmp_path: Path, imagenet: Path):
+    with pytest.raises(FileNotFoundError, match=r"missing/train is not a directory.*root/train/<class>/\*\.JPEG"):
+        ImageNetDataModule(root=str(tmp_path / "missing")).prepare_data()
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"empty/train has no class sub-folders.*root/val/<class>/\*"):
+        _ = ImageNetDataModule(root=str(tmp_path / "empty")).num_classes
+    (imagenet / "val" / "n09999999").mkdir()
+    with pytest.raises(ValueError, match=r"only in val: \['n09999999'\]"):
+        ImageNetDataModule(root=str(imagenet)).prepare_data()
+
+
+def test_batch_size_divisibility():
+    assert per_device_batch_size(1024, 8) == 128
+    with pytest.raises(ValueError, match=r"batch_size=1000 .* world_size=3 .* multiple of 3, e.g. 999"):
+        per_device_batch_size(1000, 3)
+
+
+def test_setup_splits_the_global_batch(imagenet: Path):
+    dm = ImageNetDataModule(root=str(imagenet), **{**FAST, "batch_size": 6})
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=1)
+    dm.setup("validate")
+    assert dm.batch_size_per_device == 3
+    dm.trainer = SimpleNamespace(world_size=4, global_rank=1)
+    with pytest.raises(ValueError, match="batch_size=6 .* world_size=4"):
+        dm.setup("validate")
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError, match="Unknown corruption.*'gausian_noise'"):
+        ImageNetDataModule(builtin="digits", corruptions=("gausian_noise",))
+    with pytest.raises(ValueError, match=r"Severities \[6\]"):
+        ImageNetDataModule(builtin="digits", severities=(6,))
+    with pytest.raises(ValueError, match="repeated_aug=0"):
+        ImageNetDataModule(builtin="digits", repeated_aug=0)
+
+
+def epoch_indices(sampler_cls: type, n: int, replicas: int, epoch: int = 0, **kwargs) -> list[list[int]]:
+    ranks = []
+    for rank in range(replicas):
+        sampler = sampler_cls(range(n), num_replicas=replicas, rank=rank, **kwargs)
+        sampler.set_epoch(epoch)
+        ranks.append(list(sampler))
+        assert len(ranks[-1]) == len(sampler)
+    return ranks
+
+
+def test_repeat_aug_sampler_deals_repeats_over_ranks():
+    ranks = epoch_indices(RepeatAugSampler, 10, replicas=2, num_repeats=3)
+    assert [len(r) for r in ranks] == [5, 5]  # ceil(10 / 2): an epoch keeps the plain length
+    dealt = [i for pair in zip(*ranks, strict=True) for i in pair]  # undo the round-robin deal
+    generator = torch.Generator().manual_seed(0)
+    assert dealt == torch.repeat_interleave(torch.randperm(10, generator=generator), 3)[:10].tolist()
+    counts = np.bincount(dealt, minlength=10)
+    assert sorted(counts[counts > 0])[1:] == [3, 3, 3]  # every selected image 3 times, but the one cut at the end
+    three = epoch_indices(RepeatAugSampler, 300, replicas=3, num_repeats=3, selected_round=0)
+    assert all(len({*r}) == 100 for r in three) and set(three[0]) == set(three[1]) == set(three[2])
+
+
+def test_repeat_aug_sampler_epochs_seeds_and_timm():
+    assert epoch_indices(RepeatAugSampler, 50, 2, epoch=1) == epoch_indices(RepeatAugSampler, 50, 2, epoch=1)
+    assert epoch_indices(RepeatAugSampler, 50, 2, epoch=1) != epoch_indices(RepeatAugSampler, 50, 2, epoch=2)
+    assert epoch_indices(RepeatAugSampler, 50, 2, seed=1) != epoch_indices(RepeatAugSampler, 50, 2, seed=2)
+    for n in (50, 1000):
+        ours = epoch_indices(RepeatAugSampler, n, 2, epoch=3)
+        assert ours == epoch_indices(TimmRepeatAugSampler, n, 2, epoch=3)
+    assert len(ours[0]) == 1000 // 256 * 256 // 2
+    sampler = RepeatAugSampler(range(7))
+    assert isinstance(sampler, DistributedSampler)  # so Lightning keeps it instead of wrapping it
+    assert (sampler.num_replicas, sampler.rank) == (1, 0)  # torch.distributed not initialised
+    assert list(RepeatAugSampler(range(4), shuffle=False, num_repeats=2)) == [0, 0, 1, 1]
+
+
+def test_pixel_space_random_erasing_fill():
+    torch.manual_seed(0)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    image = torch.full((3, 96, 96), 0.5)
+    erased = PixelSpaceRandomErasing(1.0, mean, std)(image.clone())
+    changed = erased != image  # (3, H, W)
+    assert changed.any() and torch.equal(changed[0], changed[1])
+    z = (erased - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+    z = z[changed]
+    assert abs(z.mean().item()) < 0.1 and 0.9 < z.std().item() < 1.1  # N(0, 1) in normalised space, unclipped
+    assert erased.min() < 0.0 or erased.max() > 1.0
+    assert torch.equal(PixelSpaceRandomErasing(0.0, mean, std)(image.clone()), image)
+
+
+def test_train_transform_is_deit(imagenet: Path):
+    text = repr(ImageNetDataModule(root=str(imagenet)).train_transform())
+    assert "RandomResizedCropAndInterpolation" in text and "RandAugment" in text and "bicubic" in text
+    assert "ColorJitter" not in text and "Normalize" not in text and "PixelSpaceRandomErasing" in text
+    text = repr(ImageNetDataModule(root=str(imagenet), auto_augment=None, re_prob=0.0).train_transform())
+    assert "ColorJitter" in text and "RandomErasing" not in text
+
+
+@pytest.mark.parametrize("corruption", ["gaussian_noise", "impulse_noise"])
+def test_corrupted_dataset_is_deterministic(corruption: str):
+    rng = np.random.default_rng(0)
+    base = [(Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)), k) for k in range(2)]
+    dataset = CorruptedDataset(base, corruption, severity=3)
+    np.random.seed(1)
+    first, label = dataset[1]
+    state = np.random.get_state()
+    np.random.seed(2)
+    again, _ = dataset[1]
+    np.random.set_state(state)
+    assert label == 1 and first.shape == (3, 32, 32) and first.dtype == torch.float32
+    assert torch.equal(first, again)
+    assert not torch.equal(first, dataset[0][0])
+    assert not torch.equal(first, CorruptedDataset(base, corruption, severity=4)[1][0])
+    np.random.seed(3)
+    expected = np.random.rand()
+    np.random.seed(3)
+    _ = dataset[0]
+    assert np.random.rand() == expected  # the global NumPy RNG is left as it was
+
+
+@pytest.fixture
+def robustness(tmp_path: Path, imagenet: Path) -> dict[str, str]:
+    for corruption in ("fog", "gaussian_noise"):
+        for severity in (1, 2):
+            make_tree(tmp_path / "c" / corruption / str(severity), WNIDS, per_class=1)
+    make_tree(tmp_path / "a", A_WNIDS, per_class=1)
+    make_tree(tmp_path / "r", A_WNIDS, per_class=2)
+    make_tree(tmp_path / "o", A_WNIDS, per_class=1)
+    paths = {f"imagenet_{k}_root": str(tmp_path / k) for k in "caro"}
+    return {"root": str(imagenet), **paths}
+
+
+def test_eval_sets_order_and_loaders(robustness: dict[str, str]):
+    dm = ImageNetDataModule(**robustness, **FAST, corruptions=("speckle_noise",), severities=(1, 2))
+    assert [s.name for s in dm.eval_sets] == [
+        "clean",
+        "corrupted/speckle_noise/1",
+        "corrupted/speckle_noise/2",
+        "imagenet_c/gaussian_noise/1",  # ImageNet-C's order, not the folders' alphabetical order
+        "imagenet_c/gaussian_noise/2",
+        "imagenet_c/fog/1",
+        "imagenet_c/fog/2",
+        "imagenet_a",
+        "imagenet_r",
+        "imagenet_o",
+        "imagenet_o_in",
+    ]
+    assert dm.eval_sets[3] == EvalSet("imagenet_c/gaussian_noise/1", "imagenet_c", "gaussian_noise", 1)
+    dm.prepare_data()
+    dm.setup("test")
+    loaders = dm.test_dataloader()
+    labels = {}
+    for eval_set, loader in zip(dm.eval_sets, loaders, strict=True):
+        batches = list(loader)
+        images = torch.cat([b[0] for b in batches])
+        assert images.shape[1:] == (3, 32, 32) and images.min() >= 0.0 and images.max() <= 1.0
+        labels[eval_set.name] = torch.cat([b[1] for b in batches]).tolist()
+    assert labels["clean"] == [0, 0, 1, 1, 2, 2]
+    assert labels["imagenet_c/fog/2"] == [0, 1, 2]
+    assert labels["imagenet_a"] == [0, 1] and labels["imagenet_r"] == [0, 0, 1, 1]
+    assert labels["imagenet_o"] == [-1, -1]
+    assert labels["imagenet_o_in"] == [0, 0, 1, 1]  # only the val images of the ImageNet-A wnids
+    o_in = dm.test_sets[-1]
+    assert {Path(path).parent.name for path, _ in o_in.samples} == set(A_WNIDS)
+    by_kind = {s.kind: dm.class_indices(s) for s in dm.eval_sets}
+    assert by_kind["clean"] is None and by_kind["imagenet_a"] == by_kind["imagenet_o_in"] == [1, 2]  # A wnids
+
+
+def test_eval_subset_spreads_over_classes(robustness: dict[str, str]):
+    dm = ImageNetDataModule(root=robustness["root"], **FAST, eval_subset=3)
+    dm.setup("test")
+    assert [label for _, label in dm.test_sets[0]] == [0, 1, 2]
+
+
+def test_imagenet_c_layout_errors(tmp_path: Path, imagenet: Path):
+    make_tree(tmp_path / "c" / "fog" / "1", WNIDS, per_class=1)
+    dm = ImageNetDataModule(root=str(imagenet), imagenet_c_root=str(tmp_path / "c"), severities=(1, 2))
+    with pytest.raises(FileNotFoundError, match=r"fog/2 is not a directory.*<corruption>/<severity>/<wnid>"):
+        dm.prepare_data()
+    (tmp_path / "c" / "fogg").mkdir()
+    with pytest.raises(ValueError, match=r"folders \['fogg'\] that are not corruption names"):
+        _ = dm.eval_sets

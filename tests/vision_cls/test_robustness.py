@@ -1,0 +1,231 @@
+"""Robustness metrics on hand-made numbers (CPU, no downloads): mCE, 200-class subsets, OOD AUPR, report files."""
+
+import csv
+import math
+
+import pytest
+import torch
+from sklearn.metrics import average_precision_score
+
+from kpca.vision_cls.robustness import (
+    ALEXNET_ERRORS,
+    ALEXNET_ERRORS_BY_SEVERITY,
+    IMAGENET_C_CORRUPTIONS,
+    IMAGENET_C_GROUPS,
+    IMAGENET_O_SYNSETS,
+    anomaly_score,
+    check_class_folders,
+    corruption_errors,
+    corruption_rows,
+    masked_logits,
+    ood_aupr,
+    subset_indices,
+    subset_synsets,
+    to_subset_labels,
+    write_report,
+)
+
+
+def scaled_alexnet(factor: float) -> dict[tuple[str, int], float]:
+    """Errors equal to ``factor`` times AlexNet's at every corruption and severity."""
+    return {
+        (c, s): factor * e for c, errors in ALEXNET_ERRORS_BY_SEVERITY.items() for s, e in enumerate(errors, start=1)
+    }
+
+
+def test_corruption_tables_are_consistent():
+    assert len(IMAGENET_C_CORRUPTIONS) == 15
+    assert [c for group in IMAGENET_C_GROUPS.values() for c in group] == list(IMAGENET_C_CORRUPTIONS)
+    assert list(ALEXNET_ERRORS) == list(IMAGENET_C_CORRUPTIONS) == list(ALEXNET_ERRORS_BY_SEVERITY)
+    for corruption, errors in ALEXNET_ERRORS_BY_SEVERITY.items():
+        assert sum(errors) / 5 == pytest.approx(ALEXNET_ERRORS[corruption], abs=1e-9)
+    assert ALEXNET_ERRORS["gaussian_noise"] == 0.886428 and ALEXNET_ERRORS["jpeg_compression"] == 0.6065
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.5])
+def test_mce_is_the_error_ratio_to_alexnet(factor):
+    summary = corruption_errors(scaled_alexnet(factor))
+    assert summary["mce_comparable"] and summary["note"] == ""
+    assert summary["mCE"] == pytest.approx(factor)
+    assert all(entry["ce"] == pytest.approx(factor) for entry in summary["corruptions"].values())
+    mean_alexnet = sum(ALEXNET_ERRORS.values()) / 15
+    assert summary["mean_error"] == pytest.approx(factor * mean_alexnet)
+    assert summary["mean_accuracy"] == pytest.approx(1 - factor * mean_alexnet)
+    assert summary["corruptions"]["fog"]["group"] == "weather"
+
+
+def test_ce_uses_the_severity_mean_even_when_severities_differ():
+    errors = {(c, s): ALEXNET_ERRORS[c] for c in IMAGENET_C_CORRUPTIONS for s in range(1, 6)}
+    errors |= {("snow", s): e for s, e in zip(range(1, 6), (0.2, 0.4, 0.6, 0.8, 1.0), strict=True)}
+    summary = corruption_errors(errors)
+    expected_snow = 0.6 / 0.866816
+    assert summary["corruptions"]["snow"]["ce"] == pytest.approx(expected_snow)
+    assert summary["mCE"] == pytest.approx((14 + expected_snow) / 15)
+
+
+def test_partial_or_extra_corruptions_make_mce_not_comparable():
+    errors = {("gaussian_noise", 1): 0.2, ("gaussian_noise", 3): 0.4, ("speckle_noise", 2): 0.5}
+    summary = corruption_errors(errors)
+    assert math.isnan(summary["mCE"]) and not summary["mce_comparable"]
+    assert "incomplete severities: gaussian_noise" in summary["note"] and "missing: shot_noise" in summary["note"]
+    assert list(summary["corruptions"]) == ["gaussian_noise", "speckle_noise"]
+    noise = summary["corruptions"]["gaussian_noise"]
+    assert noise["ce"] is None and noise["error"] == pytest.approx(0.3) and noise["severities"] == (1, 3)
+    assert summary["corruptions"]["speckle_noise"]["group"] is None
+    assert summary["mean_accuracy"] == pytest.approx(1 - (0.3 + 0.5) / 2)
+
+
+def test_extra_corruptions_keep_mce_over_the_standard_fifteen():
+    errors = scaled_alexnet(0.5) | {("speckle_noise", s): 0.9 for s in range(1, 6)}
+    summary = corruption_errors(errors)
+    assert summary["mCE"] == pytest.approx(0.5)
+    assert summary["corruptions"]["speckle_noise"]["ce"] is None
+    assert list(summary["corruptions"])[-1] == "speckle_noise"
+
+
+@pytest.mark.parametrize(
+    ("errors", "error", "match"),
+    [
+        ({}, ValueError, "non-empty mapping"),
+        ({("fog", 6): 0.3}, ValueError, "severity must be an integer in 1..5, got 6"),
+        ({("fog", 1): 30.0}, ValueError, r"in \[0, 1\] \(not a percentage\), got 30.0"),
+        ({"fog": 0.3}, TypeError, "keys must be .*'fog'"),
+    ],
+)
+def test_corruption_errors_rejects_bad_input(errors, error, match):
+    with pytest.raises(error, match=match):
+        corruption_errors(errors)
+
+
+def test_corruption_rows():
+    rows = corruption_rows(corruption_errors(scaled_alexnet(0.5)))
+    assert [row["corruption"] for row in rows] == [*IMAGENET_C_CORRUPTIONS, "mean"]
+    assert rows[0] == {
+        "corruption": "gaussian_noise",
+        "group": "noise",
+        "error": pytest.approx(0.443214),
+        "accuracy": pytest.approx(0.556786),
+        "ce": pytest.approx(0.5),
+    }
+    assert rows[-1]["ce"] == pytest.approx(0.5) and rows[-1]["group"] is None
+    partial = corruption_rows(corruption_errors({("fog", 1): 0.5}))
+    assert partial[-1]["ce"] is None
+
+
+@pytest.mark.parametrize("name", ["imagenet_a", "imagenet_r", "imagenet_o"])
+def test_subset_indices_match_synsets_in_label_order(name):
+    indices = subset_indices(name)
+    synsets = subset_synsets(name)
+    assert indices.dtype == torch.long and indices.shape == (200,)
+    assert torch.all(indices[1:] > indices[:-1]) and list(synsets) == sorted(synsets)
+    assert len(set(synsets)) == 200
+
+
+def test_known_subset_entries():
+    assert subset_indices("imagenet_a")[:3].tolist() == [6, 11, 13]
+    assert subset_synsets("imagenet_a")[0] == "n01498041"
+    assert subset_indices("imagenet_o")[:3].tolist() == [1, 51, 70]
+    assert IMAGENET_O_SYNSETS[0] == "n01443537" and IMAGENET_O_SYNSETS[-1] == "n13052670"
+    # ImageNet-O has its own classes: it shares only 59 of its 200 wnids with ImageNet-A.
+    assert len(set(IMAGENET_O_SYNSETS) & set(subset_synsets("imagenet_a"))) == 59
+
+
+def test_check_class_folders(tmp_path):
+    for wnid in subset_synsets("imagenet_r"):
+        (tmp_path / wnid).mkdir()
+    (tmp_path / "README.txt").write_text("files are not classes")
+    assert check_class_folders(tmp_path, "imagenet_r") == subset_synsets("imagenet_r")
+    with pytest.raises(ValueError, match="does not hold the 200 imagenet_a class folders"):
+        check_class_folders(tmp_path, "imagenet_a")
+    with pytest.raises(ValueError, match="is not a folder"):
+        check_class_folders(tmp_path / "missing", "imagenet_r")
+    with pytest.raises(ValueError, match="subset name must be one of"):
+        subset_indices("imagenet_c")
+
+
+def test_masked_logits_by_hand():
+    logits = torch.arange(20.0).view(2, 10)  # (B, K)
+    logits[1, 7] = 100.0
+    out = masked_logits(logits, torch.tensor([3, 1, 7]))
+    assert out.tolist() == [[3.0, 1.0, 7.0], [13.0, 11.0, 100.0]]
+    assert out.argmax(1).tolist() == [2, 2]
+    full = torch.zeros(4, 1000)
+    indices = subset_indices("imagenet_a")
+    full[torch.arange(4), indices[[0, 5, 199, 42]]] = 5.0
+    assert masked_logits(full, indices).argmax(1).tolist() == [0, 5, 199, 42]
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 10\)"):
+        masked_logits(logits, torch.tensor([10]))
+    with pytest.raises(TypeError, match="indices must be a 1-D int64"):
+        masked_logits(logits, torch.tensor([1.0]))
+    with pytest.raises(TypeError, match=r"logits must be .*\(B, K\)"):
+        masked_logits(logits[0], torch.tensor([1]))
+
+
+def test_to_subset_labels():
+    indices = torch.tensor([2, 5, 7])
+    assert to_subset_labels(torch.tensor([5, 0, 7, 2]), indices, num_classes=10).tolist() == [1, -1, 2, 0]
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 10\)"):
+        to_subset_labels(torch.tensor([10]), indices, num_classes=10)
+
+
+def test_anomaly_score_by_hand():
+    logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]])
+    torch.testing.assert_close(anomaly_score(logits), torch.tensor([-0.5, -0.75, -0.5]))
+    assert anomaly_score(logits.half()).dtype == torch.float32
+
+
+def test_ood_aupr_by_hand_and_against_sklearn():
+    assert ood_aupr(torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 0.9])) == pytest.approx(1.0)
+    # Ranked: 0.9 (OOD), 0.6 (in), 0.4 (OOD), 0.1 (in): AP = 1/2 * 1 + 1/2 * 2/3.
+    assert ood_aupr(torch.tensor([0.6, 0.1]), torch.tensor([0.9, 0.4])) == pytest.approx(5 / 6, abs=1e-6)
+    # Scores far outside [0, 1] would saturate a sigmoid in float32; ranks keep the order.
+    assert ood_aupr(torch.tensor([55.0]), torch.tensor([60.0, 50.0])) == pytest.approx(5 / 6, abs=1e-6)
+    gen = torch.Generator().manual_seed(0)
+    scores_in = torch.randint(0, 6, (40,), generator=gen).float() / 5  # many ties
+    scores_out = torch.randint(2, 8, (25,), generator=gen).float() / 5
+    labels = [1] * 25 + [0] * 40
+    expected = average_precision_score(labels, torch.cat([scores_out, scores_in]).numpy())
+    assert ood_aupr(scores_in, scores_out) == pytest.approx(expected, abs=1e-6)
+
+
+def test_ood_aupr_rejects_bad_scores():
+    with pytest.raises(ValueError, match="scores_out must be a non-empty 1-D tensor"):
+        ood_aupr(torch.tensor([0.1]), torch.tensor([]))
+    with pytest.raises(ValueError, match="scores_in contains NaN"):
+        ood_aupr(torch.tensor([math.nan]), torch.tensor([0.1]))
+
+
+def test_write_report(tmp_path):
+    rows = [
+        {"model": "deit_tiny", "attack": "pgd", "eps": 1 / 255, "acc1": 0.5},
+        {"model": "rpc|symvit", "attack": "fgsm", "eps": 2 / 255, "acc1": None, "note": "x"},
+    ]
+    md_path, csv_path = write_report(rows, tmp_path / "reports", "attacks")
+    assert md_path == tmp_path / "reports" / "attacks.md" and csv_path == tmp_path / "reports" / "attacks.csv"
+    assert md_path.read_text() == (
+        "| model | attack | eps | acc1 | note |\n"
+        "| --- | --- | --- | --- | --- |\n"
+        "| deit_tiny | pgd | 0.0039 | 0.5000 |  |\n"
+        "| rpc\\|symvit | fgsm | 0.0078 |  | x |\n"
+    )
+    with csv_path.open(newline="") as stream:
+        read = list(csv.DictReader(stream))
+    assert list(read[0]) == ["model", "attack", "eps", "acc1", "note"]
+    assert read[0]["eps"] == repr(1 / 255) and read[1]["acc1"] == "" and read[1]["model"] == "rpc|symvit"
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["attacks.csv", "attacks.md"]
+    write_report(rows[:1], tmp_path / "reports", "attacks")
+    assert md_path.read_text().count("\n") == 3
+
+
+@pytest.mark.parametrize(
+    ("rows", "name", "error", "match"),
+    [
+        ([], "r", ValueError, "rows is empty"),
+        ([{"a": 1}], "../r", ValueError, "plain file stem.*'../r'"),
+        ([{"a": 1}], "", ValueError, "plain file stem"),
+        ([["a", 1]], "r", TypeError, "each row must be a mapping"),
+    ],
+)
+def test_write_report_rejects_bad_input(tmp_path, rows, name, error, match):
+    with pytest.raises(error, match=match):
+        write_report(rows, tmp_path, name)
