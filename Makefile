@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install demo test test-fast test-slow test-gpu bench lint clean
+.PHONY: install demo smoke test test-fast test-slow test-gpu bench lint tensorboard clean
 
 $(STAMP): requirements/constraints.txt requirements/dev.txt $(wildcard packages/*/pyproject.toml apps/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,11 @@ $(STAMP): requirements/constraints.txt requirements/dev.txt $(wildcard packages/
 
 install: $(STAMP)  ## create .venv and install every distribution editable with the pinned stack
 
-demo: $(STAMP)  ## the main job on built-in data (until the vision app lands: the quick attention benchmark)
-	$(PY) benchmarks/attention.py --quick
+demo: $(STAMP)  ## the main job: SymViT vs RPC-SymViT on the built-in digits, clean / corrupted / attacked
+	$(PY) -m kpca.vision_cls.demo --out runs/demo
+
+smoke: $(STAMP)  ## the smallest end-to-end fit of the vision app
+	$(PY) -m kpca.vision_cls fit -c configs/trainer/cpu.yaml -c configs/vision_cls/smoke.yaml --trainer.fast_dev_run=2
 
 test: $(STAMP)  ## every test that runs without a GPU (slow and Triton-interpreter tests included)
 	$(PY) -m pytest -m "not gpu" -q
@@ -33,12 +36,16 @@ test-gpu: $(STAMP)  ## on a CUDA machine: GPU tests and the CUDA benchmark
 	$(PY) -m pytest -m "gpu or triton" -q
 	$(PY) benchmarks/attention.py --device cuda
 
-bench: $(STAMP)  ## the full attention benchmark (N up to 4096, each case in its own process)
+bench: $(STAMP)  ## the benchmarks (attention up to N = 4096; vision step time and Lightning throughput)
 	$(PY) benchmarks/attention.py
+	$(PY) benchmarks/vision_cls.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+tensorboard: $(STAMP)  ## serve the runs
+	$(VENV)/bin/tensorboard --logdir runs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -20,7 +20,7 @@ from kpca.vision_cls.data import (
     write_digits_imagefolder,
 )
 
-A_WNIDS = ["n01498041", "n01531178"]  # in timm's ImageNet-A (and ImageNet-R) synset lists
+A_WNIDS = ["n01770081", "n01784675"]  # in the ImageNet-A and the ImageNet-O class lists
 NOT_A_WNID = "n01440764"  # tench: in neither
 WNIDS = sorted([NOT_A_WNID, *A_WNIDS])
 FAST = {"num_workers": 0, "pin_memory": False, "image_size": 32, "batch_size": 4}
@@ -267,11 +267,11 @@ def test_eval_sets_order_and_loaders(robustness: dict[str, str]):
     assert labels["imagenet_c/fog/2"] == [0, 1, 2]
     assert labels["imagenet_a"] == [0, 1] and labels["imagenet_r"] == [0, 0, 1, 1]
     assert labels["imagenet_o"] == [-1, -1]
-    assert labels["imagenet_o_in"] == [0, 0, 1, 1]  # only the val images of the ImageNet-A wnids
+    assert labels["imagenet_o_in"] == [0, 0, 1, 1]  # only the val images of the ImageNet-O wnids
     o_in = dm.test_sets[-1]
     assert {Path(path).parent.name for path, _ in o_in.samples} == set(A_WNIDS)
     by_kind = {s.kind: dm.class_indices(s) for s in dm.eval_sets}
-    assert by_kind["clean"] is None and by_kind["imagenet_a"] == by_kind["imagenet_o_in"] == [1, 2]  # A wnids
+    assert by_kind["clean"] is None and by_kind["imagenet_a"] == by_kind["imagenet_o_in"] == [1, 2]  # A and O wnids
 
 
 def test_eval_subset_spreads_over_classes(robustness: dict[str, str]):

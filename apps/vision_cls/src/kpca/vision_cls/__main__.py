@@ -1,5 +1,5 @@
 """``python -m kpca.vision_cls``: the same as the ``vision-cls`` command."""
 
-from kpca.vision_cls.cli import main
+from kpca.vision_cls.cli import console_main
 
-main()
+console_main()

@@ -29,9 +29,12 @@ class VisionCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
 
 
-def main(args: ArgsType = None) -> None:
-    """Run ``vision-cls fit|validate|test|predict -c configs/trainer/<hw>.yaml -c configs/vision_cls/<exp>.yaml``."""
-    VisionCLI(
+def main(args: ArgsType = None) -> VisionCLI:
+    """Run ``vision-cls fit|validate|test|predict -c configs/trainer/<hw>.yaml -c configs/vision_cls/<exp>.yaml``.
+
+    Returns the CLI object (its ``trainer``, ``model`` and ``datamodule``) for use from Python.
+    """
+    return VisionCLI(
         ClassificationModule,
         ImageNetDataModule,
         args=args,
@@ -40,5 +43,10 @@ def main(args: ArgsType = None) -> None:
     )
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+    """Entry point of the ``vision-cls`` console script (console scripts exit with the return value)."""
     main()
+
+
+if __name__ == "__main__":
+    console_main()

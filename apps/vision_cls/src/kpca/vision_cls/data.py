@@ -23,7 +23,6 @@ import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -44,6 +43,8 @@ from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
+from kpca.vision_cls.robustness import subset_synsets
+
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
 Interpolation = Literal["bicubic", "bilinear", "nearest"]
 
@@ -52,12 +53,6 @@ IMAGENET_C_LAYOUT = "imagenet_c_root/<corruption>/<severity>/<wnid>/* (e.g. gaus
 SUBSET_LAYOUT = "<root>/<wnid>/* with one folder per class (e.g. n01498041/x.jpg)"
 DIGITS_CLASSES = [str(d) for d in range(10)]
 _DIGITS_MARKER = ".kpca-digits-complete"
-
-
-def _imagenet_a_synsets() -> list[str]:
-    """The 200 ImageNet-A wnids shipped with timm (also the classes ImageNet-O is built around), sorted."""
-    text = resources.files("timm.data").joinpath("_info", "imagenet_a_synsets.txt").read_text()
-    return sorted(text.split())
 
 
 def default_cache_dir() -> Path:
@@ -91,7 +86,7 @@ class EvalSet:
         kind: ``"clean"`` (the validation set), ``"corrupted"`` (validation set corrupted on the fly),
             ``"imagenet_c"`` (ImageNet-C folders), ``"imagenet_a"``, ``"imagenet_r"``, ``"imagenet_o"`` (the
             out-of-distribution images, label -1), ``"imagenet_o_in"`` (its in-distribution partner: the validation
-            images of the 200 ImageNet-A/O classes).
+            images of ImageNet-O's 200 classes).
         corruption: Corruption name for ``"corrupted"`` and ``"imagenet_c"``, else None.
         severity: Severity 1-5 for ``"corrupted"`` and ``"imagenet_c"``, else None.
     """
@@ -411,7 +406,7 @@ class ImageNetDataModule(LightningDataModule):
         imagenet_a_root: ImageNet-A root (200 wnid folders); labels are positions in sorted wnid order.
         imagenet_r_root: ImageNet-R root (200 wnid folders); labels are positions in sorted wnid order.
         imagenet_o_root: ImageNet-O root (wnid folders of out-of-distribution images, label -1); also adds the
-            in-distribution set ``imagenet_o_in``: the validation images of the 200 ImageNet-A classes.
+            in-distribution set ``imagenet_o_in``: the validation images of ImageNet-O's 200 classes.
         corruptions: ``imagecorruptions`` names applied on the fly to the validation set (after the resize and crop),
             each at every severity in ``severities``, e.g. ``[gaussian_noise, fog]``. ``glass_blur`` is compiled by
             numba on first use in each worker (a few seconds).
@@ -545,8 +540,8 @@ class ImageNetDataModule(LightningDataModule):
         """Columns of the model's logits that an evaluation set's labels refer to, or None for all classes.
 
         ImageNet-A and -R labels are positions in their sorted 200 wnids, so their predictions are the argmax over
-        these columns. ImageNet-O and its in-distribution set use the ImageNet-A classes present in the training
-        classes (all 200 on ImageNet-1K), as in Hendrycks et al.'s evaluation.
+        these columns. ImageNet-O and its in-distribution set use ImageNet-O's own 200 classes present in the
+        training classes (all 200 on ImageNet-1K), as in Hendrycks et al.'s evaluation.
         """
         class_to_idx = {name: i for i, name in enumerate(self.classes)}
         if eval_set.kind in ("imagenet_a", "imagenet_r"):
@@ -705,12 +700,12 @@ class ImageNetDataModule(LightningDataModule):
         return [c for c in known if c in folders]
 
     def _ood_classes(self) -> list[str]:
-        """The ImageNet-A/O wnids among the training classes, sorted."""
+        """ImageNet-O's 200 wnids among the training classes, sorted."""
         ours = set(self.classes)
-        wnids = [w for w in _imagenet_a_synsets() if w in ours]
+        wnids = [w for w in subset_synsets("imagenet_o") if w in ours]
         if not wnids:
             raise ValueError(
-                f"imagenet_o_root is set but {self.data_root} has none of the 200 ImageNet-A/O wnids as class folders; "
+                f"imagenet_o_root is set but {self.data_root} has none of ImageNet-O's 200 wnids as class folders; "
                 "ImageNet-O needs an ImageNet-1K root."
             )
         return wnids

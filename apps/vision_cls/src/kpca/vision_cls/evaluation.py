@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -31,7 +31,12 @@ from kpca.vision_cls.robustness import (
 
 logger = logging.getLogger(__name__)
 
-_SUBSET_KINDS = {"imagenet_a": "imagenet_a", "imagenet_r": "imagenet_r", "imagenet_o": "imagenet_o"}
+_SUBSET_OF = {
+    "imagenet_a": "imagenet_a",
+    "imagenet_r": "imagenet_r",
+    "imagenet_o": "imagenet_o",
+    "imagenet_o_in": "imagenet_o",
+}
 
 
 def eps_label(eps: float) -> str:
@@ -61,16 +66,39 @@ class RobustnessEvaluator:
         self.report_name = report_name
         self.eval_sets: list[EvalSet] = []
 
-    def start(self, eval_sets: Sequence[EvalSet], num_classes: int, device: torch.device) -> None:
-        """Create fresh metrics for ``eval_sets`` (the test dataloaders, in order) on ``device``."""
+    def start(
+        self,
+        eval_sets: Sequence[EvalSet],
+        num_classes: int,
+        device: torch.device,
+        class_indices: Mapping[str, Sequence[int] | None] | None = None,
+    ) -> None:
+        """Create fresh metrics for ``eval_sets`` (the test dataloaders, in order) on ``device``.
+
+        Args:
+            eval_sets: the evaluation sets, in the order of the test dataloaders.
+            num_classes: K, the classifier's number of classes.
+            device: where the metrics live.
+            class_indices: per set name, the logit columns its labels refer to (the datamodule's
+                ``class_indices``); None uses the standard 200-class lists in ImageNet-1K order.
+        """
         self.eval_sets = list(eval_sets)
         self.num_classes = num_classes
         self.device = device
+        self._columns = {
+            s.name: torch.as_tensor(
+                class_indices[s.name] if class_indices is not None else subset_indices(_SUBSET_OF[s.kind]),
+                dtype=torch.long,
+                device=device,
+            )
+            for s in self.eval_sets
+            if s.kind in _SUBSET_OF
+        }
         self.accuracy: dict[str, MulticlassAccuracy] = {}
         for s in self.eval_sets:
             if s.kind in ("imagenet_o", "imagenet_o_in"):
                 continue
-            classes = 200 if s.kind in _SUBSET_KINDS else num_classes
+            classes = len(self._columns[s.name]) if s.name in self._columns else num_classes
             self.accuracy[s.name] = MulticlassAccuracy(classes, top_k=1).to(device)
         self.top5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes)).to(device)
         self.ood_scores = {"in": CatMetric().to(device), "out": CatMetric().to(device)}
@@ -79,7 +107,6 @@ class RobustnessEvaluator:
             for a in self.attacks
             for eps in a.eps
         }
-        self._subsets = {kind: subset_indices(kind).to(device) for kind in _SUBSET_KINDS.values()}
 
     def step(self, net: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int, batch_idx: int):
         """Update the metrics of set ``dataloader_idx`` with one (B, 3, H, W) batch and its (B,) labels."""
@@ -87,9 +114,9 @@ class RobustnessEvaluator:
         eval_set = self.eval_sets[dataloader_idx]
         logits = net(images)  # (B, K)
         if eval_set.kind in ("imagenet_a", "imagenet_r"):
-            self.accuracy[eval_set.name](masked_logits(logits, self._subsets[eval_set.kind]), labels)
+            self.accuracy[eval_set.name](masked_logits(logits, self._columns[eval_set.name]), labels)  # (B, M)
         elif eval_set.kind in ("imagenet_o", "imagenet_o_in"):
-            scores = anomaly_score(masked_logits(logits, self._subsets["imagenet_o"]))  # (B,)
+            scores = anomaly_score(masked_logits(logits, self._columns[eval_set.name]))  # (B,)
             self.ood_scores["out" if eval_set.kind == "imagenet_o" else "in"].update(scores)
         else:
             self.accuracy[eval_set.name](logits, labels)

@@ -118,7 +118,9 @@ class ClassificationModule(pl.LightningModule):
             self.log("val/ema_acc1", self.val_ema_acc1)
 
     def on_test_start(self) -> None:
-        self.evaluator.start(self.trainer.datamodule.eval_sets, self.net.num_classes, self.device)
+        datamodule = self.trainer.datamodule
+        indices = {s.name: datamodule.class_indices(s) for s in datamodule.eval_sets}
+        self.evaluator.start(datamodule.eval_sets, self.net.num_classes, self.device, indices)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self.evaluator.step(self.net, batch, dataloader_idx, batch_idx)

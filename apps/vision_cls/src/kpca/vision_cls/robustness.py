@@ -4,11 +4,13 @@ Legend: B batch, K classes of the model (1000), M classes of a 200-class subset.
 
 Sources, checked against each other:
 
-* ``ALEXNET_ERRORS`` are AlexNet's top-1 errors on ImageNet-C averaged over severities 1-5, from
-  Hendrycks & Dietterich (ICLR 2019; the mCE spreadsheet linked from hendrycks/robustness), as used
-  by google-research/augmix ``imagenet.py`` (``ALEXNET_ERR``) and mmpretrain's ImageNet-C metric.
-  ``ALEXNET_ERRORS_BY_SEVERITY`` (the per-severity table circulated with timm's validation script
-  as ``imagenetc_alexnet_error_rates_list``) averages to the same numbers to 1e-9.
+* ``ALEXNET_ERRORS`` are AlexNet's (torchvision weights) top-1 errors on ImageNet-C averaged over
+  severities 1-5, the normaliser of Hendrycks & Dietterich's mCE (ICLR 2019), as in
+  google-research/augmix ``imagenet.py`` (``ALEXNET_ERR``, "taken from hendrycks/robustness") and
+  mmcls/mmpretrain's ImageNet-C metric. ``ALEXNET_ERRORS_BY_SEVERITY`` (the per-severity table a
+  timm validation script imports as ``imagenetc_alexnet_error_rates_list``) averages to the same
+  numbers within 1e-9. Both are keyed by name: some copies pair a reordered corruption list with
+  ``ALEXNET_ERR`` by position, which silently mixes up the normalisers.
 * ImageNet-A and ImageNet-R subsets are timm's ``timm/data/_info/imagenet_{a,r}_{indices,synsets}.txt``;
   they agree with ``thousand_k_to_200`` / ``imagenet_a_wnids`` in hendrycks/natural-adv-examples.
 * ImageNet-O uses **its own** 200 classes, not ImageNet-A's (the two lists share 59 wnids): in
@@ -165,7 +167,7 @@ def corruption_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, obje
         note = "mCE not comparable (needs the 15 standard corruptions at severities 1-5): " + "; ".join(
             part for part in (_listed("missing", missing), _listed("incomplete severities", partial)) if part
         )
-        logger.warning(note)
+        logger.info(note)
     mce = sum(corruptions[c]["ce"] for c in IMAGENET_C_CORRUPTIONS) / 15 if comparable else math.nan
     mean_error = sum(entry["error"] for entry in corruptions.values()) / len(corruptions)
     return {
