@@ -94,16 +94,17 @@ class RobustnessEvaluator:
             for s in self.eval_sets
             if s.kind in _SUBSET_OF
         }
+        # micro: the fraction of correct images, as published (torchmetrics defaults to a macro class mean).
         self.accuracy: dict[str, MulticlassAccuracy] = {}
         for s in self.eval_sets:
             if s.kind in ("imagenet_o", "imagenet_o_in"):
                 continue
             classes = len(self._columns[s.name]) if s.name in self._columns else num_classes
-            self.accuracy[s.name] = MulticlassAccuracy(classes, top_k=1).to(device)
-        self.top5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes)).to(device)
+            self.accuracy[s.name] = MulticlassAccuracy(classes, top_k=1, average="micro").to(device)
+        self.top5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro").to(device)
         self.ood_scores = {"in": CatMetric().to(device), "out": CatMetric().to(device)}
         self.attack_accuracy = {
-            (a.name, a.space, eps): MulticlassAccuracy(num_classes, top_k=1).to(device)
+            (a.name, a.space, eps): MulticlassAccuracy(num_classes, top_k=1, average="micro").to(device)
             for a in self.attacks
             for eps in a.eps
         }

@@ -6,12 +6,15 @@ Legend: B batch, C channels, H x W image, K classes.
 from __future__ import annotations
 
 import math
+import random
 import time
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 from timm.data import Mixup
 from timm.utils import ModelEmaV3
 from torch import nn
@@ -58,6 +61,11 @@ class ClassificationModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["net", "evaluator"])
+        if "_instantiator" in self.hparams:
+            # Built by LightningCLI: the hparams are the parsed config, where net is a class_path/init_args
+            # dict that load_from_checkpoint rebuilds it from (a net passed from Python is not saved). The
+            # evaluator stays out: a checkpoint's hparams override the config of `test --ckpt_path`.
+            self.save_hyperparameters(ignore=["evaluator"])
         self.net = net
         self.optimizer_factory = optimizer
         num_classes = net.num_classes
@@ -75,9 +83,10 @@ class ClassificationModule(pl.LightningModule):
         )
         self.ema = ModelEmaV3(net, decay=ema_decay).requires_grad_(False) if ema_decay is not None else None
         self.evaluator = evaluator or RobustnessEvaluator()
-        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1)
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes))
-        self.val_ema_acc1 = MulticlassAccuracy(num_classes, top_k=1)
+        # micro: the fraction of correct images, as DeiT reports (torchmetrics defaults to a macro class mean).
+        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
+        self.val_ema_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self._batch_start = 0.0
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -135,6 +144,35 @@ class ClassificationModule(pl.LightningModule):
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self.net(images).softmax(-1)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Store every rank's RNG states, so that a resumed run draws the same augmentations, Mixup and drop paths.
+
+        Lightning calls this hook on every rank before rank 0 writes the file, so the states are gathered.
+        """
+        states = _rng_states()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, states)
+            checkpoint["rng_states"] = gathered
+        else:
+            checkpoint["rng_states"] = [states]
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore this rank's RNG states when a Trainer resumes with the same number of processes.
+
+        Not in ``load_from_checkpoint`` (no Trainer); with another world size the ranks keep Lightning's seeding.
+        """
+        states = checkpoint.get("rng_states")
+        if self._trainer is None or states is None:
+            return
+        if len(states) == self.trainer.world_size:
+            _set_rng_states(states[self.trainer.global_rank])
+        else:
+            rank_zero_warn(
+                f"checkpoint holds RNG states of {len(states)} processes, this run has {self.trainer.world_size}: "
+                "the data order resumes exactly, random augmentations do not"
+            )
+
     def configure_optimizers(self):
         """AdamW over decay / no-decay groups, lr scaled by global batch, per-step warm-up + cosine."""
         optimizer = self.optimizer_factory(self._parameter_groups())
@@ -143,8 +181,9 @@ class ClassificationModule(pl.LightningModule):
             global_batch = self.trainer.datamodule.batch_size * self.trainer.accumulate_grad_batches
             for group in optimizer.param_groups:
                 group["lr"] *= global_batch / reference
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warmup = int(self.hparams.warmup_epochs * total / max(self.trainer.max_epochs or 1, 1))
+        total = max(int(self.trainer.estimated_stepping_batches), 1)  # honours max_steps and max_epochs
+        steps_per_epoch = self.trainer.num_training_batches / self.trainer.accumulate_grad_batches
+        warmup = min(int(self.hparams.warmup_epochs * steps_per_epoch), total)
         schedule = _warmup_cosine(total, warmup, optimizer.param_groups[0]["lr"], self.hparams)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -172,3 +211,25 @@ def _warmup_cosine(total: int, warmup: int, peak_lr: float, hparams) -> callable
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
     return factor
+
+
+def _rng_states() -> dict:
+    """The torch, NumPy and Python RNG states as tensors and tuples (loadable with ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached_gaussian),
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_states(states: dict) -> None:
+    """Restore what :func:`_rng_states` stored."""
+    torch.set_rng_state(states["torch"])
+    if torch.cuda.is_available():
+        for device, state in enumerate(states["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, device)
+    kind, keys, pos, has_gauss, cached_gaussian = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached_gaussian))
+    random.setstate(states["python"])

@@ -1,0 +1,163 @@
+"""The vision-cls command: every config through --print_config, and real fits, tests and resumes on the digits (CPU)."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from kpca.vision_cls.checkpoint_io import AtomicCheckpointIO
+from kpca.vision_cls.cli import VisionCLI, main
+from kpca.vision_cls.model import ViTClassifier
+from kpca.vision_cls.module import ClassificationModule
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CPU = CONFIGS / "trainer" / "cpu.yaml"
+SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
+
+# Expected in every fit of the smoke model: its EMA copy stays in eval mode on purpose (timm's ModelEmaV3).
+EMA_IN_EVAL_MODE = pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
+# Expected when a run loads a checkpoint: it logs into a new version folder, so ModelCheckpoint's dirpath moved.
+NEW_CHECKPOINT_DIR = pytest.mark.filterwarnings("ignore:The dirpath has changed from")
+
+
+def run(*args: object) -> VisionCLI:
+    """``main`` on ``args`` as from a shell; sys.argv is bare (LightningCLI warns when both are given), env restored."""
+    with mock.patch.object(sys, "argv", ["vision-cls"]), mock.patch.dict(os.environ):
+        return main([str(arg) for arg in args])
+
+
+def smoke(root: Path, cache: Path, *extra: object) -> list[object]:
+    """Options of a smoke run writing everything under ``root`` and reading the digits from ``cache``."""
+    return [
+        "-c", CPU, "-c", SMOKE, f"--data.cache_dir={cache}", f"--trainer.default_root_dir={root}",
+        f"--trainer.logger.init_args.save_dir={root / 'runs'}", "--trainer.enable_progress_bar=false", *extra,
+    ]  # fmt: skip
+
+
+def printed_config(trainer: Path, experiment: Path, capsys: pytest.CaptureFixture) -> dict:
+    with pytest.raises(SystemExit) as exit_info:
+        run("fit", "-c", trainer, "-c", experiment, "--print_config")
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 0, printed.err.partition("error:")[2] or printed.err
+    return yaml.safe_load(printed.out)
+
+
+@pytest.mark.parametrize("experiment", sorted((CONFIGS / "vision_cls").glob("*.yaml")), ids=lambda p: p.stem)
+def test_experiment_config_parses_with_the_cpu_trainer(experiment: Path, capsys: pytest.CaptureFixture):
+    config = printed_config(CPU, experiment, capsys)
+    kind = config["model"]["net"]["init_args"]["attention"]["kind"]
+    assert kind == yaml.safe_load(experiment.read_text())["model"]["net"]["init_args"]["attention"]["kind"]
+    assert experiment.stem in ("smoke", "demo_digits") or f"_{kind}_" in experiment.stem
+    assert config["trainer"]["accelerator"] == "cpu"
+
+
+@pytest.mark.parametrize("trainer", sorted((CONFIGS / "trainer").glob("*.yaml")), ids=lambda p: p.stem)
+def test_trainer_config_parses_without_its_hardware(trainer: Path, capsys: pytest.CaptureFixture):
+    config = printed_config(trainer, SMOKE, capsys)
+    settings = yaml.safe_load(trainer.read_text())["trainer"]
+    logger = settings.pop("logger")
+    assert {key: config["trainer"][key] for key in settings} == settings
+    assert config["trainer"]["logger"]["class_path"] == logger["class_path"]
+
+
+@EMA_IN_EVAL_MODE
+def test_fast_dev_run(tmp_path: Path, digits_cache_dir: Path):
+    cli = run("fit", *smoke(tmp_path, digits_cache_dir, "--trainer.fast_dev_run=2"))
+    assert cli.trainer.state.finished and cli.trainer.global_step == 2
+
+
+@pytest.fixture(scope="module")
+def short_fit(tmp_path_factory: pytest.TempPathFactory, digits_cache_dir: Path) -> VisionCLI:
+    """One epoch of 3 steps and 2 validation batches, logging every step."""
+    root = tmp_path_factory.mktemp("short_fit")
+    return run(
+        "fit", *smoke(root, digits_cache_dir), "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
+        "--trainer.log_every_n_steps=1", "--rpc_diagnostics.every_n_steps=1",
+    )  # fmt: skip
+
+
+@EMA_IN_EVAL_MODE
+def test_fit_writes_best_and_last_checkpoints_atomically(short_fit: VisionCLI):
+    assert isinstance(short_fit.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    folder = Path(short_fit.trainer.checkpoint_callback.dirpath)
+    assert sorted(p.name for p in folder.iterdir()) == ["best-000.ckpt", "last.ckpt"]  # no temporary files left
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 3
+
+
+@EMA_IN_EVAL_MODE
+def test_fit_logs_losses_accuracy_rpc_diagnostics_and_attention_maps(short_fit: VisionCLI):
+    events = EventAccumulator(short_fit.trainer.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    scalars, images = set(events.Tags()["scalars"]), set(events.Tags()["images"])
+    assert {"train/loss_step", "train/loss_epoch", "train/lr", "val/acc1", "val/acc5", "val/ema_acc1"} <= scalars
+    assert {
+        "train/rpc/blocks.0/nonzero_S",
+        "train/rpc/blocks.0/residual",
+        "train/rpc/blocks.0/residual_first",
+    } <= scalars
+    assert not any(tag.startswith("train/rpc/blocks.1") for tag in scalars)  # block 1 is symmetric softmax
+    assert [e.step for e in events.Scalars("train/rpc/blocks.0/residual")] == [0, 1, 2]
+    assert images == {"attention/block0", "attention/block-1"}
+    maps = events.Images("attention/block0")[-1]
+    assert (maps.width, maps.height) == (4 * 64, 32)  # 4 images, each beside its attention map
+
+
+@EMA_IN_EVAL_MODE
+def test_load_from_checkpoint_rebuilds_the_injected_net(short_fit: VisionCLI):
+    path = Path(short_fit.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    loaded = ClassificationModule.load_from_checkpoint(path).eval()
+    assert isinstance(loaded.net, ViTClassifier) and loaded.net.attention.kind == "rpc"
+    images = torch.rand(2, 3, 32, 32)  # (B, C, H, W)
+    torch.testing.assert_close(loaded(images), short_fit.model.eval()(images), rtol=0, atol=0)
+
+
+@EMA_IN_EVAL_MODE
+@NEW_CHECKPOINT_DIR
+def test_test_subcommand_writes_robustness_reports(short_fit: VisionCLI, digits_cache_dir: Path):
+    root = Path(short_fit.trainer.default_root_dir)
+    path = Path(short_fit.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    cli = run("test", *smoke(root, digits_cache_dir), f"--ckpt_path={path}")
+    out = Path(cli.trainer.log_dir)
+    assert {"robustness.md", "robustness.csv", "robustness_corrupted.md", "robustness_corrupted.csv"} <= {
+        p.name for p in out.iterdir()
+    }
+    with open(out / "robustness.csv") as f:
+        results = {row["metric"]: float(row["value"]) for row in csv.DictReader(f)}
+    expected = {"clean/acc1", "clean/acc5", "corrupted/gaussian_noise/s1/acc1", "corrupted/gaussian_noise/s2/acc1"}
+    assert expected | {"attack/fgsm-pixel/eps2/acc1", "attack/pgd-pixel/eps2/acc1"} <= set(results)
+    # The test set "clean" is the validation subset, so the checkpoint's weights give the last val/acc1 again.
+    assert results["clean/acc1"] == pytest.approx(float(short_fit.trainer.callback_metrics["val/acc1"]))
+
+
+@EMA_IN_EVAL_MODE
+@NEW_CHECKPOINT_DIR
+def test_resume_from_an_epoch_checkpoint_reproduces_the_uninterrupted_run(tmp_path: Path, digits_cache_dir: Path):
+    two_epochs = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    two_epochs.append("--trainer.log_every_n_steps=1")
+    straight = run("fit", *smoke(tmp_path / "straight", digits_cache_dir, *two_epochs), "--checkpoint.save_top_k=-1")
+    first_epoch = Path(straight.trainer.checkpoint_callback.dirpath) / "best-000.ckpt"
+    resumed = run("fit", *smoke(tmp_path / "resumed", digits_cache_dir, *two_epochs), f"--ckpt_path={first_epoch}")
+    assert resumed.trainer.global_step == straight.trainer.global_step == 4
+    expected = straight.model.state_dict()
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
+@pytest.mark.slow
+def test_two_process_cpu_ddp_fit(tmp_path: Path, digits_cache_dir: Path):
+    command = [
+        sys.executable, "-m", "kpca.vision_cls", "fit", *smoke(tmp_path, digits_cache_dir), "--trainer.devices=2",
+        "--trainer.strategy=ddp", "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(list(map(str, command)), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 2  # stopped mid-epoch: no validation, no best-*

@@ -1,0 +1,139 @@
+"""ViTClassifier shapes, parameter counts, attention per block, normalisation and init_from loading (CPU)."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention, swap_attention
+from kpca.vision_cls.checkpoints import load_weights
+from kpca.vision_cls.model import ViTClassifier
+from kpca.vision_cls.module import ClassificationModule
+
+TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
+
+
+def tiny(kind: str = "symmetric", num_classes: int = 5, **kwargs) -> ViTClassifier:
+    """A 2-block, 32-wide classifier on 32 px images (4 x 4 patches), without stochastic depth, in eval mode."""
+    layers = [0] if kind == "rpc" else "all"
+    args = {**TINY, "num_classes": num_classes, "drop_path_rate": 0.0, **kwargs}
+    return ViTClassifier("deit_tiny", attention=AttentionSpec(kind=kind, n_iter=2, layers=layers), **args).eval()
+
+
+def num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def save(state: dict, path: Path) -> Path:
+    torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["softmax", "symmetric", "rpc"])
+def test_logits_shape(kind: str):
+    images = torch.rand(3, 3, 32, 32)  # (B, C, H, W)
+    logits = tiny(kind, num_classes=7)(images)
+    assert logits.shape == (3, 7) and torch.isfinite(logits).all()
+
+
+def test_deit_tiny_parameter_counts_and_rpc_keys_match_symvit():
+    with torch.device("meta"):  # construction only: shapes without allocating or initialising weights
+        deit, symvit, rpc = (
+            ViTClassifier("deit_tiny", attention=AttentionSpec(kind=kind, layers=[0] if kind == "rpc" else "all"))
+            for kind in ("softmax", "symmetric", "rpc")
+        )
+    assert num_params(deit) == pytest.approx(5.72e6, abs=0.01e6)
+    assert num_params(symvit) == pytest.approx(5.27e6, abs=0.01e6)
+    # SymViT drops the Q projection (weight C x C and bias C) in each of the 12 blocks, C = 192.
+    assert num_params(deit) - num_params(symvit) == 12 * (192 * 192 + 192)
+    assert num_params(rpc) == num_params(symvit)
+    assert rpc.state_dict().keys() == symvit.state_dict().keys()
+
+
+def test_rpc_in_chosen_block_and_symmetric_softmax_elsewhere():
+    model = tiny("rpc", depth=3)
+    attns = [block.attn for block in model.vit.blocks]
+    assert isinstance(attns[0], RPCAttention) and attns[0].n_iter == 2
+    assert all(type(a) is SoftmaxAttention and a.symmetric for a in attns[1:])
+
+
+def test_forward_normalises_pixel_images():
+    model = tiny("softmax")
+    images = torch.rand(2, 3, 32, 32)  # (B, C, H, W) in [0, 1]
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)  # timm IMAGENET_DEFAULT_MEAN
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    torch.testing.assert_close(model(images), model.vit((images - mean) / std))
+    assert not torch.allclose(model(images), model.vit(images))
+
+
+def test_init_from_timm_deit_file_drops_q_into_symvit(tmp_path: Path):
+    timm_vit = timm.create_model("deit_tiny_patch16_224", pretrained=False, num_classes=5, **TINY).eval()
+    path = save({"model": timm_vit.state_dict()}, tmp_path / "deit.pth")
+    report = load_weights(tiny("symmetric"), path)
+    assert report.clean and report.loaded == len(tiny("symmetric").vit.state_dict())
+    assert sorted(report.converted) == [
+        f"blocks.{i}.attn.qkv.{p}: K, V rows kept, Q dropped (asymmetric -> symmetric)"
+        for i in range(2)
+        for p in ("bias", "weight")
+    ]
+    loaded = tiny("symmetric", init_from=str(path))
+    # The same conversion as swapping the attention of the timm model in place.
+    expected = copy.deepcopy(timm_vit)
+    swap_attention(expected, AttentionSpec(kind="symmetric"))
+    images = torch.rand(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(images), expected((images - loaded.mean) / loaded.std))
+    assert not torch.allclose(loaded(images), tiny("symmetric")(images))
+
+
+def test_init_from_lightning_checkpoint_round_trip_ignores_ema(tmp_path: Path):
+    module = ClassificationModule(tiny("rpc"), ema_decay=0.9)
+    with torch.no_grad():
+        for p in module.ema.parameters():
+            p.add_(1.0)  # the EMA weights differ from the net's; they must not be the ones loaded
+    assert any(k.startswith("ema.") for k in module.state_dict())
+    path = save({"epoch": 3, "state_dict": module.state_dict()}, tmp_path / "last.ckpt")
+    loaded = tiny("rpc", init_from=str(path))
+    images = torch.rand(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(images), module.net(images), rtol=0, atol=0)
+
+
+def test_init_from_other_head_raises_report_unless_not_strict(tmp_path: Path):
+    source = tiny("symmetric", num_classes=10)
+    path = save({"state_dict": {f"net.{k}": v for k, v in source.state_dict().items()}}, tmp_path / "ten.ckpt")
+    with pytest.raises(ValueError, match="init_strict") as excinfo:
+        tiny("symmetric", num_classes=5, init_from=str(path))
+    message = str(excinfo.value)
+    assert "shape mismatch (2):" in message and "head.weight: checkpoint (10, 32) vs model (5, 32)" in message
+    target = tiny("symmetric", num_classes=5)
+    head_before = target.vit.head.weight.detach().clone()
+    report = load_weights(target, path, strict=False)
+    assert report.mismatched == [
+        "head.weight: checkpoint (10, 32) vs model (5, 32)",
+        "head.bias: checkpoint (10,) vs model (5,)",
+    ]
+    torch.testing.assert_close(target.vit.head.weight, head_before)
+    torch.testing.assert_close(target.vit.blocks[1].attn.qkv.weight, source.vit.blocks[1].attn.qkv.weight)
+    lenient = tiny("symmetric", num_classes=5, init_from=str(path), init_strict=False)
+    torch.testing.assert_close(lenient.vit.patch_embed.proj.weight, source.vit.patch_embed.proj.weight)
+
+
+def test_init_from_interpolates_pos_embed_to_new_image_size(tmp_path: Path):
+    source = tiny("symmetric")  # 32 px: 4 x 4 patches + class token
+    path = save({"model": source.vit.state_dict()}, tmp_path / "small.pth")
+    target = tiny("symmetric", img_size=48)  # 6 x 6 patches
+    report = load_weights(target, path)
+    assert report.clean and report.converted == ["pos_embed: interpolated (1, 17, 32) -> (1, 37, 32)"]
+    src, dst = source.vit.pos_embed, target.vit.pos_embed
+    torch.testing.assert_close(dst[:, :1], src[:, :1])  # the class token's embedding is kept
+    grid = src[:, 1:].reshape(1, 4, 4, 32).permute(0, 3, 1, 2)  # (1, C, 4, 4)
+    resized = torch.nn.functional.interpolate(grid, size=(6, 6), mode="bicubic", antialias=True)  # (1, C, 6, 6)
+    torch.testing.assert_close(dst[:, 1:], resized.flatten(2).transpose(1, 2))  # (1, 36, C)
+    assert target(torch.rand(1, 3, 48, 48)).shape == (1, 5)
+
+
+def test_init_from_missing_file_names_the_path(tmp_path: Path):
+    missing = tmp_path / "nope.ckpt"
+    with pytest.raises(FileNotFoundError, match="nope.ckpt"):
+        tiny(init_from=str(missing))
