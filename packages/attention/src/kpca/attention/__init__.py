@@ -3,6 +3,7 @@
 Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into timm ViTs.
 """
 
+from kpca.attention._backend import get_backend, set_backend, use_backend
 from kpca.attention.functional import RPCState, pap_mu, rpc_attention, softmax_attention
 from kpca.attention.modules import RPCAttention, SoftmaxAttention
 from kpca.attention.spec import AttentionSpec
@@ -14,8 +15,11 @@ __all__ = [
     "RPCAttention",
     "RPCState",
     "SoftmaxAttention",
+    "get_backend",
     "pap_mu",
     "rpc_attention",
+    "set_backend",
     "softmax_attention",
     "swap_attention",
+    "use_backend",
 ]

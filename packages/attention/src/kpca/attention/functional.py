@@ -68,14 +68,15 @@ def softmax_attention(
         is_causal: query t attends to keys <= t only (combinable with the masks above).
         dropout_p: dropout on the attention probabilities (pass 0.0 in eval mode).
         scale: softmax scale, default 1 / sqrt(D).
-        backend: "auto" (the best available) or "torch".
+        backend: "auto", "torch" or "triton" (see ``kpca.attention.set_backend``). The evaluation is
+            one SDPA call on every backend; an explicit "triton" raises on inputs its kernels cannot take.
 
     Returns:
         (B, H, N, D) attention output in the dtype of v.
     """
-    resolve_backend(backend)
     b, h, n, _ = _checks.check_qkv(q=q, k=k, v=v)
     _check_common(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
+    resolve_backend(backend, q)  # one SDPA call on every backend; an explicit "triton" still checks the inputs
     mask, causal = combine_masks(attn_mask, key_padding_mask, is_causal, n, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p, scale=scale)
 
@@ -129,17 +130,24 @@ def rpc_attention(
         embed_dim: the width C in mu for ``convention="reference"``; default H * D.
         convention: ``"reference"`` or ``"pcp"``, see above.
         return_state: also return an :class:`RPCState` with S, L, Y, mu and per-iteration residuals.
-        backend: "auto" (the best available) or "torch".
+        backend: "auto" (the global default, else Triton for supported CUDA inputs, else torch),
+            "torch" or "triton" (the PAP element-wise steps and mu as Triton kernels; CUDA float32,
+            bfloat16 or float16 with D <= 256, else it raises). See ``kpca.attention.set_backend``.
 
     Returns:
         (B, H, N, D) output in the dtype of v, and the :class:`RPCState` if ``return_state``.
     """
-    resolve_backend(backend)
     b, h, n, d = _checks.check_qkv(k=k, v=v)
     _check_common(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     _checks.check_pap_args(n_iter, lambd, convention, embed_dim)
+    if resolve_backend(backend, k) == "triton":
+        from kpca.attention._triton import ops  # imported on first use: triton is optional
+
+        pap_first, pap_step, mu_of = ops.pap_first, ops.pap_step, ops.pap_mu
+    else:
+        pap_first, pap_step, mu_of = PapFirst.apply, PapStep.apply, pap_mu
     width = d if convention == "pcp" else (embed_dim or h * d)
-    mu = pap_mu(k, width, key_padding_mask=key_padding_mask, is_causal=is_causal)
+    mu = mu_of(k, width, key_padding_mask=key_padding_mask, is_causal=is_causal)
     tau = lambd / mu if convention == "pcp" else lambd * mu
     mask, causal = combine_masks(attn_mask, key_padding_mask, is_causal, n, k.device)
 
@@ -147,12 +155,12 @@ def rpc_attention(
         p = dropout_p if last else 0.0
         return F.scaled_dot_product_attention(kt, kt, v, attn_mask=mask, is_causal=causal, dropout_p=p, scale=scale)
 
-    s, kt = PapFirst.apply(k, tau)
+    s, kt = pap_first(k, tau)
     l = attend(kt, n_iter == 1)  # noqa: E741
     z = None
     diagnostics = [_iteration_diagnostics(k, l, s, key_padding_mask)] if return_state else []
     for i in range(1, n_iter):
-        z, s, kt = PapStep.apply(k, tau, l, z, s)
+        z, s, kt = pap_step(k, tau, l, z, s)
         l = attend(kt, i == n_iter - 1)  # noqa: E741
         if return_state:
             diagnostics.append(_iteration_diagnostics(k, l, s, key_padding_mask))

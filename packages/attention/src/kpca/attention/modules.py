@@ -15,7 +15,7 @@ import abc
 import torch
 from torch import nn
 
-from kpca.attention._backend import Backend, resolve_backend
+from kpca.attention._backend import Backend, check_backend
 from kpca.attention._checks import check_pap_args
 from kpca.attention.functional import Convention, RPCState, rpc_attention, softmax_attention
 
@@ -44,7 +44,7 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         dtype: torch.dtype | None,
     ) -> None:
         super().__init__()
-        resolve_backend(backend)
+        check_backend(backend)
         if num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {num_heads}")
         if attn_head_dim is None and dim % num_heads:
@@ -137,7 +137,8 @@ class SoftmaxAttention(_ProjectedAttention):
         norm_layer: normalisation class for ``qk_norm`` / ``scale_norm``.
         symmetric: project K and V only (``Linear(dim, 2 * H * D)``) and use q = k.
         is_causal: always attend causally.
-        backend: "auto" or "torch", see ``rpc_attention``.
+        backend: "auto" (the global default, else Triton for supported CUDA inputs, else torch),
+            "torch" or "triton"; resolved at each call, see ``kpca.attention.set_backend``.
         device, dtype: factory arguments for the parameters.
     """
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from torch import nn
 
-from kpca.attention._backend import Backend, resolve_backend
+from kpca.attention._backend import Backend, check_backend
 from kpca.attention._checks import check_pap_args
 from kpca.attention.functional import Convention
 from kpca.attention.modules import RPCAttention, SoftmaxAttention
@@ -35,7 +35,7 @@ class AttentionSpec:
             blocks are symmetric softmax (an RPC model is a SymViT with PAP in chosen blocks);
             with ``softmax`` / ``symmetric`` the other blocks are left as they are.
         convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP).
-        backend: ``auto`` or ``torch``.
+        backend: ``auto``, ``torch`` or ``triton`` (see ``kpca.attention.set_backend``).
     """
 
     kind: AttentionKind = "softmax"
@@ -49,7 +49,7 @@ class AttentionSpec:
         if self.kind not in KINDS:
             raise ValueError(f"AttentionSpec.kind must be one of {KINDS}, got {self.kind!r}")
         check_pap_args(self.n_iter, self.lambd, self.convention, None)
-        resolve_backend(self.backend)
+        check_backend(self.backend)
         if self.layers != "all":
             layers = self.layers
             if isinstance(layers, (str, int)) or not all(

@@ -1,0 +1,265 @@
+"""Triton kernels (``@triton.jit`` only) for the PAP element-wise steps and the mu reduction.
+
+Legend: B batch, H heads, N tokens, D head dim; R = B * H * N rows of D columns. Each
+element-wise kernel covers a (BLOCK_R, BLOCK_D) tile of rows, with BLOCK_D = next_pow2(D).
+
+What is here, and what the launchers in ``ops.py`` pass:
+
+* ``pap_first_fwd`` / ``pap_first_bwd``: ``_pap.PapFirst``, one pass each over memory.
+* ``pap_step_fwd`` / ``pap_step_bwd``: ``_pap.PapStep`` (dual update fused with the next shrink
+  and the cleaned keys), one pass each.
+* ``row_l1`` / ``mu_scan`` (forward) and ``mu_grad_scan`` / ``row_l1_bwd`` (backward): mu from the
+  per-row L1 norms of K, with key padding and the causal prefix-sum form.
+
+Tested: float32, bfloat16 and float16 inputs (K and L; S, Z, tau and mu are float32) with
+D in {2, 3, 4} and N up to 300 (several scan blocks) on CPU under ``TRITON_INTERPRET=1``, in
+``tests/attention/test_triton_backend.py``. Its ``gpu`` tests (D = 64, N = 1024, B * H = 64 on
+CUDA) are written but have not run on a GPU yet; every kernel specialisation compiles to sm_90.
+D <= 256 (``_backend.MAX_HEAD_DIM``).
+
+Known differences from the torch path:
+
+* Element-wise outputs (S, Z, Kt) and their input gradients are bit-identical to
+  ``_pap.PapFirst`` / ``_pap.PapStep`` (same float32 operations in the same order).
+* The threshold gradient and mu are sums in another order (per-row sums, then tree scans in
+  float32; torch's CPU cumsum accumulates in float64), so they agree to float32 rounding, not bits.
+* No atomics anywhere: every kernel is deterministic run to run.
+* Loaded values are cast to float32 right after loading (bf16 arithmetic is not supported by the
+  interpreter, and the torch path computes in float32 as well).
+* Under the interpreter only, float32 -> bfloat16 stores truncate instead of rounding to nearest
+  even (triton 3.8's interpreter cast), so bf16 outputs there may differ by one ulp; compiled
+  kernels round like torch.
+"""
+
+# Triton conventions: upper-case size and constexpr arguments, constexpr branches as if-blocks.
+# ruff: noqa: N803, SIM108
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile(pid, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Row indices (BLOCK_R,), column indices (BLOCK_D,) and the in-bounds mask of a tile."""
+    rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,)
+    cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    mask = (rows < R)[:, None] & (cols < D)[None, :]  # (BLOCK_R, BLOCK_D)
+    return rows, cols, mask
+
+
+@triton.jit
+def _strided(rows, cols, H, N, s_b, s_h, s_n, s_d):
+    """Element offsets of a (B, H, N, D) tensor with strides (s_b, s_h, s_n, s_d) for a tile."""
+    n = rows % N
+    bh = rows // N
+    return ((bh // H) * s_b + (bh % H) * s_h + n * s_n)[:, None] + (cols * s_d)[None, :]
+
+
+@triton.jit
+def _shrink(x, tau):
+    """Soft threshold as in ``_pap.shrink_with_sign``: (x - clamp(x, -tau, tau), clamp, int8 sign)."""
+    clamped = tl.minimum(tl.maximum(x, -tau), tau)
+    sign = (x > tau).to(tl.int8) - (x < -tau).to(tl.int8)
+    return x - clamped, clamped, sign
+
+
+@triton.jit
+def _shrink_grad(sign, g):
+    """Input gradient of the soft threshold and its per-row threshold gradient (BLOCK_R,)."""
+    grad_x = tl.where(sign == 0, 0.0, g)
+    grad_tau = tl.sum(tl.where(sign > 0, -grad_x, grad_x), axis=1)
+    return grad_x, grad_tau
+
+
+@triton.jit
+def pap_first_fwd(
+    k_ptr, tau_ptr, s_ptr, kt_ptr, sign_ptr,
+    R, H, N, D, s_kb, s_kh, s_kn, s_kd, TAU_DIV,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """S = shrink(K, tau) (float32), Kt = clamp(K, -tau, tau) (K's dtype) and the int8 sign."""
+    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    out = rows[:, None] * D + cols[None, :]  # contiguous (R, D) offsets
+    x = tl.load(k_ptr + _strided(rows, cols, H, N, s_kb, s_kh, s_kn, s_kd), mask=mask, other=0.0).to(tl.float32)
+    tau = tl.load(tau_ptr + rows // TAU_DIV, mask=rows < R, other=0.0)[:, None]  # (BLOCK_R, 1)
+    s, clamped, sign = _shrink(x, tau)
+    tl.store(s_ptr + out, s, mask=mask)
+    tl.store(kt_ptr + out, clamped.to(kt_ptr.dtype.element_ty), mask=mask)
+    tl.store(sign_ptr + out, sign, mask=mask)
+
+
+@triton.jit
+def pap_first_bwd(
+    sign_ptr, gs_ptr, gkt_ptr, gk_ptr, gtau_ptr,
+    R, D,
+    HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Gradient of K, ``shrink'(g_S - g_Kt) + g_Kt``, and per-row threshold gradients (R,)."""
+    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    off = rows[:, None] * D + cols[None, :]
+    sign = tl.load(sign_ptr + off, mask=mask, other=0)
+    if HAS_GKT:
+        g_kt = tl.load(gkt_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    else:
+        g_kt = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    if HAS_GS:
+        g = tl.load(gs_ptr + off, mask=mask, other=0.0).to(tl.float32) - g_kt
+    else:
+        g = -g_kt
+    grad_x, grad_tau = _shrink_grad(sign, g)
+    tl.store(gk_ptr + off, (grad_x + g_kt).to(gk_ptr.dtype.element_ty), mask=mask)
+    tl.store(gtau_ptr + rows, grad_tau, mask=rows < R)
+
+
+@triton.jit
+def pap_step_fwd(
+    k_ptr, l_ptr, tau_ptr, z_ptr, s_ptr, z_new_ptr, s_new_ptr, kt_ptr, sign_ptr,
+    R, H, N, D, s_kb, s_kh, s_kn, s_kd, s_lb, s_lh, s_ln, s_ld, TAU_DIV,
+    HAS_Z: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Z' = Z + (K - L - S), S' = shrink(K - L + Z', tau), Kt = K - S' - Z' and the sign of S'."""
+    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    out = rows[:, None] * D + cols[None, :]
+    k = tl.load(k_ptr + _strided(rows, cols, H, N, s_kb, s_kh, s_kn, s_kd), mask=mask, other=0.0).to(tl.float32)
+    l = tl.load(l_ptr + _strided(rows, cols, H, N, s_lb, s_lh, s_ln, s_ld), mask=mask, other=0.0).to(tl.float32)  # noqa: E741
+    s = tl.load(s_ptr + out, mask=mask, other=0.0)
+    tau = tl.load(tau_ptr + rows // TAU_DIV, mask=rows < R, other=0.0)[:, None]  # (BLOCK_R, 1)
+    k_minus_l = k - l
+    z_new = k_minus_l - s
+    if HAS_Z:
+        z_new = z_new + tl.load(z_ptr + out, mask=mask, other=0.0)
+    s_new, _, sign = _shrink(k_minus_l + z_new, tau)
+    tl.store(z_new_ptr + out, z_new, mask=mask)
+    tl.store(s_new_ptr + out, s_new, mask=mask)
+    tl.store(kt_ptr + out, ((k - s_new) - z_new).to(kt_ptr.dtype.element_ty), mask=mask)
+    tl.store(sign_ptr + out, sign, mask=mask)
+
+
+@triton.jit
+def pap_step_bwd(
+    sign_ptr, gz_new_ptr, gs_new_ptr, gkt_ptr, gk_ptr, gl_ptr, gz_ptr, gs_ptr, gtau_ptr,
+    R, D,
+    HAS_GZ: tl.constexpr, HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, NEED_GZ: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Gradients of ``pap_step_fwd`` w.r.t. K, L, Z, S and per-row threshold gradients (R,)."""
+    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    off = rows[:, None] * D + cols[None, :]
+    sign = tl.load(sign_ptr + off, mask=mask, other=0)
+    if HAS_GKT:
+        g_kt = tl.load(gkt_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    else:
+        g_kt = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    if HAS_GS:
+        g = tl.load(gs_new_ptr + off, mask=mask, other=0.0).to(tl.float32) - g_kt
+    else:
+        g = -g_kt
+    grad_x, grad_tau = _shrink_grad(sign, g)
+    grad_z_total = grad_x - g_kt  # everything that reaches Z'
+    if HAS_GZ:
+        grad_z_total = grad_z_total + tl.load(gz_new_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    grad_l = grad_x + grad_z_total  # negated when stored
+    tl.store(gk_ptr + off, (grad_l + g_kt).to(gk_ptr.dtype.element_ty), mask=mask)
+    tl.store(gl_ptr + off, (-grad_l).to(gl_ptr.dtype.element_ty), mask=mask)
+    if NEED_GZ:
+        tl.store(gz_ptr + off, grad_z_total, mask=mask)
+    tl.store(gs_ptr + off, -grad_z_total, mask=mask)
+    tl.store(gtau_ptr + rows, grad_tau, mask=rows < R)
+
+
+@triton.jit
+def row_l1(
+    k_ptr, pad_ptr, out_ptr,
+    R, H, N, D, s_kb, s_kh, s_kn, s_kd,
+    HAS_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Per-row L1 norm ``sum_d |K|`` in float32, times 0 for padded rows: (R,)."""
+    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    x = tl.load(k_ptr + _strided(rows, cols, H, N, s_kb, s_kh, s_kn, s_kd), mask=mask, other=0.0).to(tl.float32)
+    l1 = tl.sum(tl.abs(x), axis=1)  # (BLOCK_R,)
+    if HAS_PAD:
+        padded = tl.load(pad_ptr + (rows // (H * N)) * N + rows % N, mask=rows < R, other=0)
+        l1 = l1 * (1 - padded).to(tl.float32)
+    tl.store(out_ptr + rows, l1, mask=rows < R)
+
+
+@triton.jit
+def mu_scan(
+    row_l1_ptr, pad_ptr, mu_ptr, l1_ptr,
+    H, N, width, eps,
+    HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One (sample, head) per program: mu = count * width / (4 max(||K||_1, eps)) and ||K||_1.
+
+    Causal: per position from prefix sums, (N,) each; otherwise one value each.
+    """
+    bh = tl.program_id(0).to(tl.int64)
+    b = bh // H
+    l1_carry = 0.0
+    count_carry = 0.0
+    for start in range(0, N, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        in_range = n < N
+        r = tl.load(row_l1_ptr + bh * N + n, mask=in_range, other=0.0)
+        if HAS_PAD:
+            valid = (1 - tl.load(pad_ptr + b * N + n, mask=in_range, other=1)).to(tl.float32)
+        else:
+            valid = in_range.to(tl.float32)
+        if CAUSAL:
+            l1 = l1_carry + tl.cumsum(r, axis=0)
+            count = tl.maximum(count_carry + tl.cumsum(valid, axis=0), 1.0)
+            tl.store(mu_ptr + bh * N + n, count * width / (4 * tl.maximum(l1, eps)), mask=in_range)
+            tl.store(l1_ptr + bh * N + n, l1, mask=in_range)
+        l1_carry += tl.sum(r, axis=0)
+        count_carry += tl.sum(valid, axis=0)
+    if not CAUSAL:
+        tl.store(mu_ptr + bh, tl.maximum(count_carry, 1.0) * width / (4 * tl.maximum(l1_carry, eps)))
+        tl.store(l1_ptr + bh, l1_carry)
+
+
+@triton.jit
+def mu_grad_scan(
+    grad_mu_ptr, mu_ptr, l1_ptr, g_row_ptr,
+    N, eps,
+    CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Gradient reaching each row's L1 norm, one (sample, head) per program.
+
+    With g_t = grad_mu_t * dmu_t/d||K||_1 (``-mu / ||K||_1``, 0 where the eps floor is active),
+    row n gets ``sum_{t >= n} g_t`` when causal (a reverse prefix sum, (N,)) and g otherwise (one value).
+    """
+    bh = tl.program_id(0).to(tl.int64)
+    if CAUSAL:
+        carry = 0.0
+        for start in range(0, N, BLOCK_N):
+            n = N - start - BLOCK_N + tl.arange(0, BLOCK_N)  # blocks from the end, (BLOCK_N,)
+            in_range = n >= 0
+            grad_mu = tl.load(grad_mu_ptr + bh * N + n, mask=in_range, other=0.0)
+            mu = tl.load(mu_ptr + bh * N + n, mask=in_range, other=0.0)
+            l1 = tl.load(l1_ptr + bh * N + n, mask=in_range, other=1.0)
+            g = tl.where(l1 >= eps, -grad_mu * mu / tl.maximum(l1, eps), 0.0)
+            tl.store(g_row_ptr + bh * N + n, carry + tl.cumsum(g, axis=0, reverse=True), mask=in_range)
+            carry += tl.sum(g, axis=0)
+    else:
+        l1 = tl.load(l1_ptr + bh)
+        g = tl.where(l1 >= eps, -tl.load(grad_mu_ptr + bh) * tl.load(mu_ptr + bh) / tl.maximum(l1, eps), 0.0)
+        tl.store(g_row_ptr + bh, g)
+
+
+@triton.jit
+def row_l1_bwd(
+    k_ptr, pad_ptr, g_row_ptr, gk_ptr,
+    R, H, N, D, s_kb, s_kh, s_kn, s_kd, G_DIV,
+    HAS_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Gradient of K, ``sign(K) * g_row * valid`` in K's dtype; g_row per row (G_DIV = 1) or per (b, h) (G_DIV = N)."""
+    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    x = tl.load(k_ptr + _strided(rows, cols, H, N, s_kb, s_kh, s_kn, s_kd), mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_row_ptr + rows // G_DIV, mask=rows < R, other=0.0)  # (BLOCK_R,)
+    if HAS_PAD:
+        padded = tl.load(pad_ptr + (rows // (H * N)) * N + rows % N, mask=rows < R, other=0)
+        g = g * (1 - padded).to(tl.float32)
+    sign = (x > 0).to(tl.float32) - (x < 0).to(tl.float32)
+    tl.store(gk_ptr + rows[:, None] * D + cols[None, :], (sign * g[:, None]).to(gk_ptr.dtype.element_ty), mask=mask)
