@@ -1,21 +1,28 @@
 """Forward + backward time and peak memory of softmax (SDPA), RPC and reference RPC attention.
 
-Each (method, N) case runs in a fresh Python process so that one case's peak memory cannot
-pollute another's. Inputs are (B, H, N, D); the loss is ``out.sum()``, backpropagated into the
-leaf tensors (q, k, v for SDPA; k, v for RPC and the reference).
+Each case (method, shape) runs in a fresh Python process so that one case's peak memory cannot
+pollute another's. Inputs are (B, H, N, D), D = 64; the loss is ``out.sum()``, backpropagated
+into the leaf tensors (q, k, v for SDPA; k, v for RPC and the reference). RPC uses n_iter = 2.
 
 Run from the repository root::
 
-    python benchmarks/attention.py --quick                # N in {256, 1024}: about 20 s on 2 CPU cores
-    python benchmarks/attention.py                        # N in {256, 1024, 4096}: about 40 s on 2 CPU cores
-    python benchmarks/attention.py --device cuda          # bf16 on CUDA
+    python benchmarks/attention.py --quick               # CPU fp32, B=1 H=4, N in {256, 1024}
+    python benchmarks/attention.py                       # CPU fp32, B=1 H=4, N in {256, 1024, 4096}
+    python benchmarks/attention.py --device cuda         # CUDA bf16: B*H=64 at N in {1024, 4096}; B=256 H=3 N=197
     python benchmarks/attention.py --check --output bench.md   # exit 1 if a target fails; also write Markdown
 
-Memory on CPU is the growth of the resident set during the first forward + backward (peak RSS
-from ``getrusage`` minus the RSS after the inputs exist), so it also counts one-time library
-set-up and what the C allocator keeps after frees; on CUDA it is ``max_memory_allocated`` minus
-``memory_allocated`` around one forward + backward after a warm-up. The targets are checked at
-the largest N where both of their methods ran (N = 1024 with --quick).
+Methods: ``sdpa`` (softmax attention, one fused SDPA call), ``rpc`` (``backend="auto"``: Triton
+kernels for CUDA inputs, the torch path otherwise), ``rpc_torch`` (CUDA only: the torch path, for
+comparison) and ``reference`` (the loop-by-loop oracle that materialises N x N maps; CPU only).
+
+"tensor peak" is the peak of live tensor bytes above the inputs during one forward + backward
+after a warm-up: on CUDA ``max_memory_allocated`` minus ``memory_allocated``; on CPU the running
+sum of the profiler's allocation and free events (PyTorch keeps no CPU allocator statistics). The
+memory targets use it. On CPU the table also shows "RSS growth" over the first forward + backward
+(peak RSS from ``getrusage`` minus RSS after the inputs exist): it adds about 9 MB of one-time
+library set-up, and glibc heap fragmentation, which RPC's short-lived element-wise temporaries
+inflate well beyond the live tensors. Times are the minimum over repeats (the least disturbed).
+On CUDA the report ends with the bandwidth of the fused PAP step kernel against a device copy.
 """
 
 from __future__ import annotations
@@ -33,11 +40,14 @@ import torch
 from kpca.attention import rpc_attention, softmax_attention
 from kpca.attention.reference import rpc_attention_reference
 
-METHODS = ("sdpa", "rpc", "reference")
 LAMBD = 4.0
+N_ITER = 2
+HEAD_DIM = 64
 TIMING_BUDGET_S = 2.0  # timed repeats per case: as many as fit in this budget, between 1 and MAX_REPEATS
-MAX_REPEATS = 5
+MAX_REPEATS = 10
 MB = 2**20
+CPU_SHAPES = [(1, 4, 256), (1, 4, 1024), (1, 4, 4096)]  # (B, H, N)
+CUDA_SHAPES = [(16, 4, 1024), (16, 4, 4096), (256, 3, 197)]  # B*H = 64, and DeiT-tiny at batch 256
 
 
 def rss_bytes() -> int:
@@ -50,14 +60,14 @@ def make_step(case: dict):
     """Build the case's leaf inputs and return a closure running one forward + backward."""
     device = torch.device(case["device"])
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = (case["batch"], case["heads"], case["n"], case["head_dim"])
+    shape = (*case["shape"], HEAD_DIM)  # (B, H, N, D)
     n_leaves = 3 if case["method"] == "sdpa" else 2  # q, k, v or k, v
     leaves = [torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(n_leaves)]
-    n_iter = case["n_iter"]
     attend = {
         "sdpa": lambda q, k, v: softmax_attention(q, k, v),
-        "rpc": lambda k, v: rpc_attention(k, v, n_iter=n_iter, lambd=LAMBD),
-        "reference": lambda k, v: rpc_attention_reference(k, v, n_iter=n_iter, lambd=LAMBD),
+        "rpc": lambda k, v: rpc_attention(k, v, n_iter=N_ITER, lambd=LAMBD),
+        "rpc_torch": lambda k, v: rpc_attention(k, v, n_iter=N_ITER, lambd=LAMBD, backend="torch"),
+        "reference": lambda k, v: rpc_attention_reference(k, v, n_iter=N_ITER, lambd=LAMBD),
     }[case["method"]]
 
     def step() -> None:
@@ -68,34 +78,36 @@ def make_step(case: dict):
     return step
 
 
-def run_case(case: dict) -> dict:
-    """Measure one (method, N) case in this process: peak memory (MB) and the minimum time over repeats (ms)."""
-    torch.manual_seed(0)
-    cuda = case["device"] == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    step = make_step(case)
-    result = {}
-    if cuda:
-        step()  # warm-up; CUDA peak statistics can be reset, so the measured pass is a clean one
-        sync()
-        baseline = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        sync()
-        result["mem_mb"] = (torch.cuda.max_memory_allocated() - baseline) / MB
-    else:
-        baseline = rss_bytes()
-        step()  # the first pass also serves as the warm-up
-        result["rss_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline) / MB  # KiB
-        result["mem_mb"] = cpu_tensor_peak(step) / MB
-    times = []
+def time_min(step, sync) -> float:
+    """The minimum wall time of ``step`` in ms over as many repeats as fit in the budget."""
+    times: list[float] = []
     while len(times) < MAX_REPEATS and (not times or sum(times) < TIMING_BUDGET_S):
         sync()
         start = time.perf_counter()
         step()
         sync()
         times.append(time.perf_counter() - start)
-    return {"time_ms": min(times) * 1e3, **result}  # the minimum: least disturbed by other load
+    return min(times) * 1e3
+
+
+def run_case(case: dict) -> dict:
+    """Measure one case in this process: tensor peak (MB), RSS growth on CPU (MB) and time (ms)."""
+    torch.manual_seed(0)
+    step = make_step(case)
+    if case["device"] == "cuda":
+        step()  # warm-up (and Triton compilation)
+        torch.cuda.synchronize()
+        baseline = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        memory = {"mem_mb": (torch.cuda.max_memory_allocated() - baseline) / MB}
+        return {"time_ms": time_min(step, torch.cuda.synchronize), **memory}
+    baseline = rss_bytes()
+    step()  # the first pass also serves as the warm-up
+    rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline) / MB  # ru_maxrss is in KiB
+    memory = {"mem_mb": cpu_tensor_peak(step) / MB, "rss_mb": rss}
+    return {"time_ms": time_min(step, lambda: None), **memory}
 
 
 def cpu_tensor_peak(step) -> int:
@@ -111,57 +123,79 @@ def cpu_tensor_peak(step) -> int:
     return peak
 
 
-def spawn_case(case: dict) -> dict:
-    """Run :func:`run_case` in a fresh interpreter and return its result."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(case)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def pap_bandwidth() -> dict:
+    """Effective bandwidth of the fused Triton PAP step (forward) against a plain device copy, in GB/s."""
+    from kpca.attention._triton import ops
+
+    shape = (64, 4, 4096, 64)  # 67M elements
+    k, l = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))  # noqa: E741
+    z, s = (torch.randn(shape, device="cuda") for _ in range(2))
+    tau = torch.rand(shape[0], shape[1], 1, 1, device="cuda")
+    copy_ms = time_min(lambda: torch.empty_like(z).copy_(z), torch.cuda.synchronize)
+    step_ms = time_min(lambda: ops.pap_step(k, tau, l, z, s), torch.cuda.synchronize)
+    elements = k.numel()
+    # reads K, L (bf16), Z, S (fp32); writes Z', S' (fp32), Kt (bf16) and the int8 sign mask
+    step_bytes = elements * (2 + 2 + 4 + 4 + 4 + 4 + 2 + 1)
+    copy_bytes = elements * 4 * 2
+    return {"copy_gbs": copy_bytes / copy_ms / 1e6, "pap_step_gbs": step_bytes / step_ms / 1e6}
+
+
+def spawn(args: list[str]) -> dict:
+    """Run this script with ``args`` in a fresh interpreter and return the JSON it prints last."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"case {case} failed:\n{proc.stderr}")
+        raise RuntimeError(f"{args} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def skip_reference(n: int, args: argparse.Namespace) -> bool:
-    """The reference is skipped above N = 1024 with --quick, and at N = 4096 and above on CUDA."""
-    return (args.quick and n > 1024) or (args.device == "cuda" and n >= 4096)
+def methods_for(device: str) -> tuple[str, ...]:
+    """The methods compared on a device."""
+    return ("sdpa", "rpc", "rpc_torch") if device == "cuda" else ("sdpa", "rpc", "reference")
 
 
-def target_checks(results: dict, n_iter: int) -> list[tuple[str, int, float, str, float, bool]]:
-    """(name, N, value, comparison, target, passed) per target, at the largest N where its methods ran."""
-    specs = [
-        ("time: rpc / (n x sdpa)", "rpc", "sdpa", "time_ms", n_iter, "<=", 1.15),
-        ("memory: rpc / (n x sdpa)", "rpc", "sdpa", "mem_mb", n_iter, "<=", 1.25),
-        ("speed vs reference: reference / rpc", "reference", "rpc", "time_ms", 1, ">=", 2.0),
-        ("memory vs reference: reference / rpc", "reference", "rpc", "mem_mb", 1, ">=", 5.0),
-    ]
+def target_checks(results: dict, device: str) -> list[tuple[str, float, str, float, bool]]:
+    """(name, value, comparison, target, passed) for each target whose cases ran."""
+    if device == "cuda":
+        specs = [
+            (f"time: rpc / ({N_ITER} x sdpa), {b}x{h}x{n}", "rpc", "sdpa", (b, h, n), "time_ms", N_ITER, "<=", limit)
+            for (b, h, n), limit in zip(CUDA_SHAPES, (1.10, 1.10, 1.30), strict=True)
+        ]
+    else:
+        top = max((shape for _, shape in results), key=lambda s: s[2])
+        specs = [
+            (f"time: rpc / ({N_ITER} x sdpa), N={top[2]}", "rpc", "sdpa", top, "time_ms", N_ITER, "<=", 1.15),
+            (f"memory: rpc / ({N_ITER} x sdpa), N={top[2]}", "rpc", "sdpa", top, "mem_mb", N_ITER, "<=", 1.25),
+            (f"speed: reference / rpc, N={top[2]}", "reference", "rpc", top, "time_ms", 1, ">=", 2.0),
+            (f"memory: reference / rpc, N={top[2]}", "reference", "rpc", top, "mem_mb", 1, ">=", 5.0),
+        ]
     checks = []
-    for name, num, den, key, factor, op, target in specs:
-        ns = [n for (method, n) in results if method == num and (den, n) in results]
-        if ns:
-            n = max(ns)
-            value = results[num, n][key] / max(factor * results[den, n][key], 1e-9)
-            checks.append((name, n, value, op, target, value <= target if op == "<=" else value >= target))
+    for name, num, den, shape, key, factor, op, target in specs:
+        if (num, shape) in results and (den, shape) in results:
+            value = results[num, shape][key] / max(factor * results[den, shape][key], 1e-9)
+            checks.append((name, value, op, target, value <= target if op == "<=" else value >= target))
     return checks
 
 
-def render(results: dict, checks: list, args: argparse.Namespace) -> str:
+def render(results: dict, checks: list, device: str) -> str:
     """The Markdown report: settings, one row per case, then the target checks."""
-    dtype = "bf16" if args.device == "cuda" else "fp32"
+    dtype = "bf16" if device == "cuda" else "fp32"
+    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     lines = [
-        f"device={args.device} dtype={dtype} B={args.batch} H={args.heads} D={args.head_dim} "
-        f"n_iter={args.n_iter} lambd={LAMBD} torch={torch.__version__} threads={torch.get_num_threads()}",
+        f"{name}, {dtype}, D={HEAD_DIM}, n_iter={N_ITER}, lambd={LAMBD}, torch {torch.__version__}",
         "",
-        "| N | method | time (ms) | tensor peak (MB) | RSS growth (MB) | time / sdpa | mem / sdpa |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "| B x H x N | method | time (ms) | tensor peak (MB) | RSS growth (MB) | time / sdpa | mem / sdpa |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for (method, n), r in sorted(results.items(), key=lambda item: (item[0][1], METHODS.index(item[0][0]))):
-        base = results.get(("sdpa", n))
-        t_ratio = f"{r['time_ms'] / base['time_ms']:.2f}" if base else "-"
-        m_ratio = f"{r['mem_mb'] / base['mem_mb']:.2f}" if base and base["mem_mb"] > 0 else "-"
+    order = methods_for(device)
+    for (method, shape), r in sorted(results.items(), key=lambda item: (item[0][1], order.index(item[0][0]))):
+        base = results[("sdpa", shape)]
         rss = f"{r['rss_mb']:.1f}" if "rss_mb" in r else "-"
-        lines.append(f"| {n} | {method} | {r['time_ms']:.1f} | {r['mem_mb']:.1f} | {rss} | {t_ratio} | {m_ratio} |")
-    lines += ["", f"Targets (n = {args.n_iter}):", ""]
-    for name, n, value, op, target, passed in checks:
-        lines.append(f"- {name} at N={n}: {value:.2f} (target {op} {target}) {'PASS' if passed else 'FAIL'}")
+        lines.append(
+            f"| {'x'.join(map(str, shape))} | {method} | {r['time_ms']:.1f} | {r['mem_mb']:.1f} | {rss} "
+            f"| {r['time_ms'] / base['time_ms']:.2f} | {r['mem_mb'] / max(base['mem_mb'], 1e-9):.2f} |"
+        )
+    lines += ["", "Targets:", ""]
+    lines += [f"- {n}: {v:.2f} (target {op} {t}) {'PASS' if ok else 'FAIL'}" for n, v, op, t, ok in checks]
     return "\n".join(lines) + "\n"
 
 
@@ -169,15 +203,11 @@ def parse_args() -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--seq-lens", type=int, nargs="+", default=None, help="default 256 1024 4096 (--quick: 256 1024)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--n-iter", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="N in {256, 1024}; no reference above N = 1024")
+    p.add_argument("--quick", action="store_true", help="CPU: N in {256, 1024} only")
     p.add_argument("--check", action="store_true", help="exit 1 if any target fails")
     p.add_argument("--output", help="also write the Markdown report to this path")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--bandwidth-worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -187,18 +217,25 @@ def main() -> int:
     if args.worker:
         print(json.dumps(run_case(json.loads(args.worker))))
         return 0
-    seq_lens = args.seq_lens or ([256, 1024] if args.quick else [256, 1024, 4096])
-    common = {"device": args.device, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim}
+    if args.bandwidth_worker:
+        print(json.dumps(pap_bandwidth()))
+        return 0
+    shapes = CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES[:2] if args.quick else CPU_SHAPES
     results = {}
-    for n in seq_lens:
-        for method in METHODS:
-            if method == "reference" and skip_reference(n, args):
-                continue
-            results[method, n] = spawn_case({"method": method, "n": n, "n_iter": args.n_iter, **common})
-    checks = target_checks(results, args.n_iter)
-    report = render(results, checks, args)
+    for shape in shapes:
+        for method in methods_for(args.device):
+            case = {"method": method, "shape": shape, "device": args.device}
+            results[method, tuple(shape)] = spawn(["--worker", json.dumps(case)])
+    checks = target_checks(results, args.device)
+    if args.device == "cuda":
+        bandwidth = spawn(["--bandwidth-worker"])
+        ratio = bandwidth["pap_step_gbs"] / bandwidth["copy_gbs"]
+        name = f"bandwidth: fused PAP step {bandwidth['pap_step_gbs']:.0f} GB/s / copy {bandwidth['copy_gbs']:.0f} GB/s"
+        checks.append((name, ratio, ">=", 0.7, ratio >= 0.7))
+    report = render(results, checks, args.device)
     print(report, end="")
     if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w") as f:
             f.write(report)
     return 1 if args.check and not all(check[-1] for check in checks) else 0
