@@ -32,9 +32,10 @@ test-fast: $(STAMP)  ## the inner loop: skips slow tests
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow and not gpu" -q
 
-test-gpu: $(STAMP)  ## on a CUDA machine: GPU tests and the CUDA benchmark
+GPU_REPORT ?= benchmarks/results/attention_cuda.md
+test-gpu: $(STAMP)  ## on a CUDA machine (under 5 min): gpu and triton tests, then the CUDA benchmark as Markdown
 	$(PY) -m pytest -m "gpu or triton" -q
-	$(PY) benchmarks/attention.py --device cuda
+	$(PY) benchmarks/attention.py --device cuda --output $(GPU_REPORT)
 
 bench: $(STAMP)  ## the benchmarks (attention up to N = 4096; vision step time and Lightning throughput)
 	$(PY) benchmarks/attention.py
