@@ -394,6 +394,8 @@ class ImageNetDataModule(LightningDataModule):
         image_size: Side of the square images the model sees, in pixels.
         crop_pct: Evaluation resizes the short side to ``image_size / crop_pct`` and center-crops ``image_size``.
         auto_augment: timm auto-augment policy for training (DeiT: ``"rand-m9-mstd0.5-inc1"``); None disables.
+        scale: Area range of timm's random resized crop for training (DeiT: 0.08-1).
+        hflip: Probability of a horizontal flip for training (DeiT: 0.5; 0 for digits, which flips change).
         color_jitter: Brightness/contrast/saturation jitter for training; as in timm it is ignored while
             ``auto_augment`` is set.
         re_prob: Random-erasing probability for training (DeiT: 0.25); 0 disables.
@@ -424,6 +426,8 @@ class ImageNetDataModule(LightningDataModule):
         num_workers: int = 8,
         image_size: int = 224,
         crop_pct: float = 0.875,
+        scale: tuple[float, float] = (0.08, 1.0),
+        hflip: float = 0.5,
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         color_jitter: float = 0.3,
         re_prob: float = 0.25,
@@ -451,6 +455,10 @@ class ImageNetDataModule(LightningDataModule):
             raise ValueError(f"num_workers={num_workers} must be 0 (load in the main process) or more.")
         if not 0.0 < crop_pct <= 1.0:
             raise ValueError(f"crop_pct={crop_pct} must be in (0, 1]; DeiT uses 0.875.")
+        if not 0.0 < scale[0] <= scale[1] <= 1.0:
+            raise ValueError(f"scale={scale!r} must satisfy 0 < low <= high <= 1 (DeiT: (0.08, 1.0))")
+        if not 0.0 <= hflip <= 1.0:
+            raise ValueError(f"hflip={hflip} must be a probability in [0, 1]")
         if not 0.0 <= re_prob <= 1.0:
             raise ValueError(f"re_prob={re_prob} must be a probability in [0, 1]; 0 disables random erasing.")
         if repeated_aug < 1:
@@ -469,6 +477,8 @@ class ImageNetDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.image_size = image_size
         self.crop_pct = crop_pct
+        self.scale = tuple(scale)
+        self.hflip = hflip
         self.auto_augment = auto_augment
         self.color_jitter = color_jitter
         self.re_prob = re_prob
@@ -585,6 +595,8 @@ class ImageNetDataModule(LightningDataModule):
         """
         primary, secondary, _ = transforms_imagenet_train(
             img_size=self.image_size,
+            scale=self.scale,
+            hflip=self.hflip,
             color_jitter=self.color_jitter or None,
             auto_augment=self.auto_augment or None,
             interpolation=self.interpolation,
