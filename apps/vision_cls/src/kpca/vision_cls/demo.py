@@ -26,6 +26,7 @@ logger = logging.getLogger("kpca.vision_cls.demo")
 
 KINDS = ("symmetric", "rpc")
 LABELS = {"symmetric": "SymViT", "rpc": "RPC-SymViT (4 PAP iterations, block 0)"}
+COLORS = {"symmetric": "tab:blue", "rpc": "tab:orange"}
 
 
 def train_and_test(kind: str, configs: Path, out: Path, extra: list[str]) -> Path:
@@ -73,10 +74,11 @@ def plot(all_results: dict[str, dict[str, float]], path: Path) -> None:
     """Accuracy against corruption severity and against attack radius, both models."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for kind, results in all_results.items():
-        left.plot(range(6), severity_curve(results), marker="o", label=LABELS[kind])
+        left.plot(range(6), severity_curve(results), marker="o", color=COLORS[kind], label=LABELS[kind])
         for attack, style in (("fgsm-pixel", "--"), ("pgd-pixel", "-")):
             eps, acc = attack_curve(results, attack)
-            right.plot(eps, acc, style, marker="o", label=f"{LABELS[kind]}, {attack.split('-')[0].upper()}")
+            label = f"{LABELS[kind]}, {attack.split('-')[0].upper()}"
+            right.plot(eps, acc, style, marker="o", color=COLORS[kind], label=label)
     left.set(xlabel="corruption severity (0 = clean)", ylabel="top-1 accuracy", title="Corrupted digits (mean of 6)")
     right.set(xlabel="L∞ radius ε (x 1/255, pixel space)", ylabel="top-1 accuracy", title="Adversarial digits")
     for ax in (left, right):
