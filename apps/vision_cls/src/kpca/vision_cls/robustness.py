@@ -37,7 +37,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from numbers import Real
 from pathlib import Path
@@ -46,6 +45,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_average_precision
+
+from kpca.vision_cls._atomic import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -453,14 +454,5 @@ def _markdown_cell(value: object) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """Write text to a temporary file next to ``path``, then rename it over ``path``."""
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write text atomically (a temporary file renamed over ``path``)."""
+    write_atomic(path, lambda stream: stream.write(text), mode="w", encoding="utf-8", newline="")
