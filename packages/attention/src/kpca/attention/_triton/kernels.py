@@ -91,14 +91,14 @@ def pap_first_fwd(
 
 
 @triton.jit
-def pap_first_bwd(
-    sign_ptr, gs_ptr, gkt_ptr, gk_ptr, gtau_ptr,
-    R, D,
+def _shrink_input_grads(
+    sign_ptr, gs_ptr, gkt_ptr, off, mask,
     HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Gradient of K, ``shrink'(g_S - g_Kt) + g_Kt``, and per-row threshold gradients (R,)."""
-    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
-    off = rows[:, None] * D + cols[None, :]
+    """Shared start of the backward kernels: ``g_Kt`` (zeros when absent) and the shrink's gradients.
+
+    The shrink's input and threshold gradients are those of ``g_S - g_Kt``.
+    """
     sign = tl.load(sign_ptr + off, mask=mask, other=0)
     if HAS_GKT:
         g_kt = tl.load(gkt_ptr + off, mask=mask, other=0.0).to(tl.float32)
@@ -109,6 +109,21 @@ def pap_first_bwd(
     else:
         g = -g_kt
     grad_x, grad_tau = _shrink_grad(sign, g)
+    return g_kt, grad_x, grad_tau
+
+
+@triton.jit
+def pap_first_bwd(
+    sign_ptr, gs_ptr, gkt_ptr, gk_ptr, gtau_ptr,
+    R, D,
+    HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Gradient of K, ``shrink'(g_S - g_Kt) + g_Kt``, and per-row threshold gradients (R,)."""
+    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    off = rows[:, None] * D + cols[None, :]
+    g_kt, grad_x, grad_tau = _shrink_input_grads(
+        sign_ptr, gs_ptr, gkt_ptr, off, mask, HAS_GS, HAS_GKT, BLOCK_R, BLOCK_D
+    )
     tl.store(gk_ptr + off, (grad_x + g_kt).to(gk_ptr.dtype.element_ty), mask=mask)
     tl.store(gtau_ptr + rows, grad_tau, mask=rows < R)
 
@@ -147,16 +162,9 @@ def pap_step_bwd(
     """Gradients of ``pap_step_fwd`` w.r.t. K, L, Z, S and per-row threshold gradients (R,)."""
     rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
     off = rows[:, None] * D + cols[None, :]
-    sign = tl.load(sign_ptr + off, mask=mask, other=0)
-    if HAS_GKT:
-        g_kt = tl.load(gkt_ptr + off, mask=mask, other=0.0).to(tl.float32)
-    else:
-        g_kt = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
-    if HAS_GS:
-        g = tl.load(gs_new_ptr + off, mask=mask, other=0.0).to(tl.float32) - g_kt
-    else:
-        g = -g_kt
-    grad_x, grad_tau = _shrink_grad(sign, g)
+    g_kt, grad_x, grad_tau = _shrink_input_grads(
+        sign_ptr, gs_new_ptr, gkt_ptr, off, mask, HAS_GS, HAS_GKT, BLOCK_R, BLOCK_D
+    )
     grad_z_total = grad_x - g_kt  # everything that reaches Z'
     if HAS_GZ:
         grad_z_total = grad_z_total + tl.load(gz_new_ptr + off, mask=mask, other=0.0).to(tl.float32)
