@@ -6,24 +6,22 @@ Legend: B batch, C channels, H x W image, K classes.
 from __future__ import annotations
 
 import math
-import random
 import time
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_warn
 from timm.data import Mixup
 from timm.utils import ModelEmaV3
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from kpca.vision_cls.evaluation import RobustnessEvaluator
+from kpca.vision_cls.rng_state import RNGStateCheckpointing
 
 
-class ClassificationModule(pl.LightningModule):
+class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
     """DeiT recipe: AdamW with no-decay groups, lr scaled by global batch, per-step warm-up + cosine.
 
     Args:
@@ -144,35 +142,6 @@ class ClassificationModule(pl.LightningModule):
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self.net(images).softmax(-1)
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Store every rank's RNG states, so that a resumed run draws the same augmentations, Mixup and drop paths.
-
-        Lightning calls this hook on every rank before rank 0 writes the file, so the states are gathered.
-        """
-        states = _rng_states()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            gathered = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, states)
-            checkpoint["rng_states"] = gathered
-        else:
-            checkpoint["rng_states"] = [states]
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Restore this rank's RNG states when a Trainer resumes with the same number of processes.
-
-        Not in ``load_from_checkpoint`` (no Trainer); with another world size the ranks keep Lightning's seeding.
-        """
-        states = checkpoint.get("rng_states")
-        if self._trainer is None or states is None:
-            return
-        if len(states) == self.trainer.world_size:
-            _set_rng_states(states[self.trainer.global_rank])
-        else:
-            rank_zero_warn(
-                f"checkpoint holds RNG states of {len(states)} processes, this run has {self.trainer.world_size}: "
-                "the data order resumes exactly, random augmentations do not"
-            )
-
     def configure_optimizers(self):
         """AdamW over decay / no-decay groups, lr scaled by global batch, per-step warm-up + cosine."""
         optimizer = self.optimizer_factory(self._parameter_groups())
@@ -211,25 +180,3 @@ def _warmup_cosine(total: int, warmup: int, peak_lr: float, hparams) -> callable
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
     return factor
-
-
-def _rng_states() -> dict:
-    """The torch, NumPy and Python RNG states as tensors and tuples (loadable with ``weights_only=True``)."""
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached_gaussian),
-        "python": random.getstate(),
-    }
-
-
-def _set_rng_states(states: dict) -> None:
-    """Restore what :func:`_rng_states` stored."""
-    torch.set_rng_state(states["torch"])
-    if torch.cuda.is_available():
-        for device, state in enumerate(states["cuda"][: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(state, device)
-    kind, keys, pos, has_gauss, cached_gaussian = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached_gaussian))
-    random.setstate(states["python"])
