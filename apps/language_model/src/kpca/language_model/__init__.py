@@ -1,0 +1,1 @@
+"""kpca.language_model: causal symmetric / RPC transformer language models with LightningCLI."""

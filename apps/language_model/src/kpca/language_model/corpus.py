@@ -1,0 +1,110 @@
+"""Corpus files in the WikiText-103 raw layout: locating them, and the built-in corpus written into it.
+
+WikiText-103 (raw) is a folder holding ``wiki.train.raw``, ``wiki.valid.raw`` and ``wiki.test.raw``:
+one paragraph per line, headings as `` = Title = `` (`` = = Section = = `` for deeper levels) and
+blank `` `` lines between them. The built-in corpus turns CPython's ``pydoc_data/topics.py`` (the
+prose of the language reference, about 65k words) into the same layout, one topic per article, so
+the demo and the tests read it through the same loader as the real data.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from kpca.vision_cls._atomic import write_atomic
+
+SPLITS = ("train", "valid", "test")
+BUILTIN_FRACTIONS = {"train": 0.9, "valid": 0.05, "test": 0.05}
+_UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")
+_HEADING_LEVEL = {"*": 1, "=": 2, "-": 3, "~": 4, "^": 4}  # reStructuredText underlines
+
+
+def split_file(folder: str | os.PathLike[str], split: str) -> Path:
+    """The raw file of ``split`` (train, valid or test) in a WikiText-layout folder."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return Path(folder) / f"wiki.{split}.raw"
+
+
+def check_layout(folder: str | os.PathLike[str]) -> Path:
+    """``folder`` as a Path, after checking that it holds the three WikiText raw files."""
+    path = Path(folder).expanduser()
+    missing = [split_file(path, s).name for s in SPLITS if not split_file(path, s).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"data_dir {str(folder)!r} lacks {missing}: expected the WikiText-103 raw layout, a folder with "
+            "wiki.train.raw, wiki.valid.raw and wiki.test.raw (the unzipped wikitext-103-raw-v1 archive), "
+            "or data_dir: builtin for the built-in corpus"
+        )
+    return path
+
+
+def count_words(text: str) -> int:
+    """Words of ``text`` for word-level perplexity: whitespace words plus one end-of-line per line.
+
+    Word-level WikiText-103 models predict an ``<eos>`` after every line (blank lines included), so
+    the paper's perplexities are normalised by this count; a model over any tokenizer that scores
+    the same text (newlines included) is then comparable with them.
+    """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the text's final newline ends the last line, it does not start a new one
+    return sum(len(line.split()) for line in lines) + len(lines)
+
+
+def topic_to_article(text: str) -> list[str]:
+    """One pydoc topic (reStructuredText-like) as WikiText lines: underlined headings and one line per paragraph.
+
+    A ``*`` underline (each topic's title) becomes `` = Title = ``, ``=`` becomes `` = = Section = = ``, and so on.
+    """
+    lines: list[str] = []
+    raw = text.strip("\n").split("\n")
+    paragraph: list[str] = []
+
+    def flush() -> None:
+        if paragraph:
+            lines.extend([" " + " ".join(" ".join(paragraph).split()) + " ", " "])
+            paragraph.clear()
+
+    for i, line in enumerate(raw):
+        if _UNDERLINE.match(line.strip()):
+            continue
+        following = raw[i + 1].strip() if i + 1 < len(raw) else ""
+        if line.strip() and _UNDERLINE.match(following) and len(following) >= len(line.strip()) - 1:
+            flush()
+            marks = " =" * _HEADING_LEVEL[following[0]]
+            lines.extend([f"{marks} {line.strip()} {marks.strip()} ", " "])
+        elif line.strip():
+            paragraph.append(line.strip())
+        else:
+            flush()
+    flush()
+    return lines
+
+
+def write_builtin_corpus(cache_dir: str | os.PathLike[str]) -> Path:
+    """Write CPython's pydoc topics into a WikiText-layout folder under ``cache_dir`` (once) and return it.
+
+    Topics are assigned to train / valid / test in name order, each to the split furthest below
+    its share (90 / 5 / 5 % of characters), so the split is deterministic and balanced. Files are
+    written atomically; an existing complete folder is reused.
+    """
+    from pydoc_data.topics import topics  # CPython's own docs, always installed
+
+    folder = Path(cache_dir).expanduser() / "builtin" / "pydoc-topics"
+    if all(split_file(folder, s).is_file() for s in SPLITS):
+        return folder
+    articles = {name: "\n".join(topic_to_article(text)) + "\n" for name, text in sorted(topics.items())}
+    total = sum(len(a) for a in articles.values())
+    sizes = dict.fromkeys(SPLITS, 0)
+    chosen: dict[str, list[str]] = {s: [] for s in SPLITS}
+    for article in articles.values():
+        split = min(SPLITS, key=lambda s: sizes[s] / total - BUILTIN_FRACTIONS[s])
+        chosen[split].append(article)
+        sizes[split] += len(article)
+    for split in SPLITS:
+        text = "".join(chosen[split])
+        write_atomic(split_file(folder, split), lambda f, text=text: f.write(text), mode="w", encoding="utf-8")
+    return folder

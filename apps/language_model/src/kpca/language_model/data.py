@@ -1,0 +1,332 @@
+"""WikiTextDataModule: WikiText-103 (local raw files, HF datasets, or the built-in corpus) as token blocks.
+
+Legend: N context (tokens per block / window), T tokens in a split.
+Each split is tokenised once into a memory-mapped array (``<cache>/tokens/...bin``, uint16 when the
+vocabulary fits); training reads contiguous blocks of N + 1 tokens, evaluation reads sliding
+windows that score every token of the split exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DataLoader, Dataset
+
+from kpca.language_model.corpus import SPLITS, check_layout, count_words, split_file, write_builtin_corpus
+from kpca.language_model.tokenizer import Tokenizer, TokenizerConfig, file_digest, iter_lines, train_tokenizer
+from kpca.language_model.word_swap import WordSwap, word_swap
+from kpca.vision_cls._atomic import write_atomic
+
+BUILTIN = "builtin"
+HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
+DEFAULT_PROMPTS = ("The", "A function is", "In Python, a class")
+
+
+@dataclass(frozen=True)
+class TokenArray:
+    """A tokenised text on disk: ``length`` token ids of ``dtype`` at ``path``, from a text of ``words`` words."""
+
+    path: Path
+    dtype: str
+    length: int
+    words: int
+
+    def open(self) -> np.ndarray:
+        """The (T,) token ids, memory-mapped read-only."""
+        return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.length,))
+
+
+def prepare_tokens(text_file: Path, tokenizer: Tokenizer, cache_dir: Path, name: str) -> TokenArray:
+    """Tokenise ``text_file`` into ``<cache_dir>/tokens/<tokenizer>/<name>-<text digest>.bin`` once, and describe it.
+
+    The token file is streamed line chunk by line chunk (WikiText-103's 540 MB never sits in memory
+    as Python ints) and renamed into place; its ``.json`` sidecar, written last, marks it complete.
+    """
+    folder = cache_dir / "tokens" / tokenizer.model_file.parent.name
+    stem = f"{name}-{file_digest(text_file)[:16]}"
+    meta_file = folder / f"{stem}.json"
+    if meta_file.exists():
+        meta = json.loads(meta_file.read_text())
+        return TokenArray(folder / f"{stem}.bin", meta["dtype"], meta["length"], meta["words"])
+    dtype = "uint16" if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else "uint32"
+    counts = {"length": 0, "words": 0}
+
+    def write(stream) -> None:
+        for lines in iter_lines(text_file):
+            ids = tokenizer.encode_lines(lines).astype(dtype)
+            ids.tofile(stream)
+            counts["length"] += len(ids)
+            counts["words"] += count_words("\n".join(lines) + "\n")
+
+    write_atomic(folder / f"{stem}.bin", write)
+    meta = {"dtype": dtype, "source": str(text_file), **counts}
+    write_atomic(meta_file, lambda f: f.write(json.dumps(meta, indent=2)), mode="w")
+    return TokenArray(folder / f"{stem}.bin", dtype, counts["length"], counts["words"])
+
+
+class TokenBlocks(Dataset):
+    """Training blocks: item i is (inputs, targets) = tokens[iN : iN + N], tokens[iN + 1 : iN + N + 1], each (N,)."""
+
+    def __init__(self, tokens: TokenArray, context: int) -> None:
+        self.tokens, self.context = tokens, context
+        self._array: np.ndarray | None = None  # opened lazily, once per process (a memmap does not pickle)
+        if len(self) == 0:
+            raise ValueError(f"{tokens.path} holds {tokens.length} tokens, fewer than one block of {context + 1}")
+
+    def __len__(self) -> int:
+        return (self.tokens.length - 1) // self.context
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._array is None:
+            self._array = self.tokens.open()
+        start = index * self.context
+        block = torch.from_numpy(self._array[start : start + self.context + 1].astype(np.int64))  # (N + 1,)
+        return block[:-1], block[1:]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_array": None}
+
+
+class SlidingWindows(Dataset):
+    """Evaluation windows of N inputs that score each token of a split exactly once.
+
+    The split is read as ``[eos] + tokens`` (the text starts after an end of line), so all T tokens
+    are predicted. Window w starts at ``w * stride``, predicts the next N tokens (fewer at the end)
+    and scores only those not scored by an earlier window, so every scored token after the first
+    window sees at least ``N - stride`` tokens of context. Item: inputs (N,), targets (N,) and a
+    bool mask (N,) of scored targets; padding beyond the split is 0 and unscored.
+    """
+
+    def __init__(self, tokens: TokenArray, context: int, stride: int, eos_id: int) -> None:
+        if not 1 <= stride <= context:
+            raise ValueError(f"eval stride must be in [1, context={context}], got {stride}")
+        self.tokens, self.context, self.eos_id = tokens, context, eos_id
+        self._array: np.ndarray | None = None
+        self.windows: list[tuple[int, int, int]] = []  # (begin, end, first scored target) in stream coordinates
+        total, prev_end = tokens.length, 0
+        for begin in range(0, total, stride):
+            end = min(begin + context, total)
+            self.windows.append((begin, end, prev_end))
+            prev_end = end
+            if end == total:
+                break
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def _stream(self, start: int, stop: int) -> np.ndarray:
+        """Positions [start, stop) of ``[eos] + tokens``."""
+        if self._array is None:
+            self._array = self.tokens.open()
+        head = [self.eos_id] if start == 0 else []
+        body = self._array[max(start - 1, 0) : stop - 1].astype(np.int64)
+        return np.concatenate([np.asarray(head, dtype=np.int64), body])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        begin, end, first_scored = self.windows[index]
+        n = end - begin
+        inputs = torch.zeros(self.context, dtype=torch.long)
+        targets = torch.zeros(self.context, dtype=torch.long)
+        inputs[:n] = torch.from_numpy(self._stream(begin, end))
+        targets[:n] = torch.from_numpy(self._stream(begin + 1, end + 1))
+        scored = torch.zeros(self.context, dtype=torch.bool)
+        scored[first_scored - begin : n] = True  # targets begin+1..end; those <= first_scored were scored before
+        return inputs, targets, scored
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_array": None}
+
+
+class Prompts(Dataset):
+    """Prompt texts with their token ids, for ``predict``."""
+
+    def __init__(self, prompts: list[str], tokenizer: Tokenizer) -> None:
+        self.items = [(text, torch.tensor(tokenizer.encode_prompt(text), dtype=torch.long)) for text in prompts]
+        empty = [text for text, ids in self.items if ids.numel() == 0]
+        if empty:
+            raise ValueError(f"prompts {empty} encode to no tokens; give each prompt at least one word")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[str, torch.Tensor]:
+        return self.items[index]
+
+
+class WikiTextDataModule(pl.LightningDataModule):
+    """WikiText-103 (raw) as sentencepiece tokens, for training, sliding-window evaluation and the word-swap attack.
+
+    Where the text comes from, in order: ``data_dir: builtin`` (CPython's docs, written once into the
+    WikiText layout under ``cache_dir``), ``data_dir: <folder>`` with ``wiki.{train,valid,test}.raw``,
+    or, when ``data_dir`` is None, HF ``datasets.load_dataset(hf_path, hf_name)`` from the hub or
+    the local HF cache (copied once into the same layout).
+
+    Args:
+        data_dir: ``builtin``, a WikiText-103 raw folder, or None for HF datasets.
+        hf_path: HF dataset path (``wikitext``; ``text`` with ``hf_data_files`` for other local files).
+        hf_name: HF configuration name.
+        hf_data_files: split -> file mapping passed to ``load_dataset`` (``train``, ``validation``, ``test``).
+        cache_dir: where the corpus copy, tokenizer and token arrays are cached.
+        tokenizer: sentencepiece settings (the model trains on the train split once per setting).
+        context: tokens per training block and evaluation window (N).
+        batch_size: training blocks per device and step (the paper: 96 in all).
+        eval_batch_size: windows per device in evaluation (default: ``batch_size``).
+        eval_stride: tokens between evaluation windows (default: N / 2).
+        num_workers: DataLoader workers per device.
+        word_swap: the attack evaluated by ``test`` beside the clean text (None: clean only).
+        test_splits: the splits ``test`` evaluates.
+        predict_prompts: texts ``predict`` continues.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        hf_path: str = "wikitext",
+        hf_name: str | None = "wikitext-103-raw-v1",
+        hf_data_files: dict[str, str] | None = None,
+        cache_dir: str = "~/.cache/kpca/language_model",
+        tokenizer: TokenizerConfig = TokenizerConfig(),  # noqa: B008 (frozen dataclass)
+        context: int = 256,
+        batch_size: int = 96,
+        eval_batch_size: int | None = None,
+        eval_stride: int | None = None,
+        num_workers: int = 2,
+        word_swap: WordSwap | None = WordSwap(),  # noqa: B008 (frozen dataclass)
+        test_splits: tuple[str, ...] = ("valid", "test"),
+        predict_prompts: tuple[str, ...] = DEFAULT_PROMPTS,
+    ) -> None:
+        super().__init__()
+        if context < 1 or batch_size < 1:
+            raise ValueError(f"context and batch_size must be >= 1, got {context}, {batch_size}")
+        bad = [s for s in test_splits if s not in SPLITS]
+        if bad or not test_splits:
+            raise ValueError(f"test_splits must be a non-empty subset of {SPLITS}, got {list(test_splits)}")
+        self.save_hyperparameters()
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.tokenizer_config = tokenizer
+        self.context, self.batch_size = context, batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.eval_stride = eval_stride or max(context // 2, 1)
+        self.word_swap = word_swap
+        self.tokenizer: Tokenizer | None = None
+        self.arrays: dict[str, TokenArray] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary size the tokenizer is trained to (the model's V)."""
+        return self.tokenizer_config.vocab_size
+
+    def eval_names(self, stage: str) -> list[str]:
+        """Names of the evaluation sets of a stage, in dataloader order: ``valid``, ``test_wordswap``, ..."""
+        if stage == "validate":
+            return ["valid"]
+        names = []
+        for split in self.hparams.test_splits:
+            names += [split, f"{split}_wordswap"] if self.word_swap is not None else [split]
+        return names
+
+    def corpus_folder(self) -> Path:
+        """The WikiText-layout folder the text is read from (written first for builtin and HF sources)."""
+        data_dir = self.hparams.data_dir
+        if data_dir == BUILTIN:
+            return write_builtin_corpus(self.cache_dir)
+        if data_dir is not None:
+            return check_layout(data_dir)
+        return self._hf_folder()
+
+    def _hf_folder(self) -> Path:
+        source = json.dumps([self.hparams.hf_path, self.hparams.hf_name, self.hparams.hf_data_files], sort_keys=True)
+        slug = re.sub(r"[^A-Za-z0-9.-]+", "_", f"{self.hparams.hf_path}-{self.hparams.hf_name}")
+        folder = self.cache_dir / "hf" / f"{slug}-{hashlib.sha256(source.encode()).hexdigest()[:8]}"
+        if all(split_file(folder, s).is_file() for s in SPLITS):
+            return folder
+        try:
+            import datasets
+
+            dataset = datasets.load_dataset(
+                self.hparams.hf_path, self.hparams.hf_name, data_files=self.hparams.hf_data_files
+            )
+            for split, hf_split in HF_SPLITS.items():
+                lines = dataset[hf_split]["text"]
+                write_atomic(
+                    split_file(folder, split),
+                    lambda f, lines=lines: f.writelines(line if line.endswith("\n") else line + "\n" for line in lines),
+                    mode="w",
+                    encoding="utf-8",
+                )
+        except Exception as error:
+            raise RuntimeError(
+                f"could not load {self.hparams.hf_path!r} / {self.hparams.hf_name!r} with HF datasets ({error}). "
+                "Either set data_dir to a folder with WikiText-103's wiki.train.raw, wiki.valid.raw and "
+                "wiki.test.raw, or make the dataset reachable for datasets.load_dataset (network access to the "
+                "hub, or a local HF cache with HF_DATASETS_OFFLINE=1); data_dir: builtin uses the built-in corpus"
+            ) from error
+        return folder
+
+    def prepare_data(self) -> None:
+        """Write the corpus, train the tokenizer and tokenise every split once (one process per node)."""
+        self._load()
+
+    def setup(self, stage: str) -> None:
+        self._load()
+
+    def _load(self) -> None:
+        folder = self.corpus_folder()
+        self.tokenizer = train_tokenizer(split_file(folder, "train"), self.tokenizer_config, self.cache_dir)
+        for split in SPLITS:
+            self.arrays[split] = prepare_tokens(split_file(folder, split), self.tokenizer, self.cache_dir, split)
+        if self.word_swap is not None:
+            for split in self.hparams.test_splits:
+                attacked = self._attacked_file(split_file(folder, split))
+                self.arrays[f"{split}_wordswap"] = prepare_tokens(
+                    attacked, self.tokenizer, self.cache_dir, f"{split}_{self.word_swap.tag}"
+                )
+
+    def _attacked_file(self, text_file: Path) -> Path:
+        """``text_file`` under the word-swap attack, written once into the cache."""
+        path = self.cache_dir / "attacked" / f"{text_file.stem}-{file_digest(text_file)[:16]}-{self.word_swap.tag}.raw"
+        if not path.exists():
+            attacked, _ = word_swap(text_file.read_text(encoding="utf-8"), self.word_swap)
+            write_atomic(path, lambda f: f.write(attacked), mode="w", encoding="utf-8")
+        return path
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(TokenBlocks(self.arrays["train"], self.context), self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("valid")
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return [self._eval_loader(name) for name in self.eval_names("test")]
+
+    def predict_dataloader(self) -> DataLoader:
+        prompts = Prompts(list(self.hparams.predict_prompts), self.tokenizer)
+        return DataLoader(prompts, batch_size=1, collate_fn=lambda items: items[0])
+
+    def _eval_loader(self, name: str) -> DataLoader:
+        windows = SlidingWindows(self.arrays[name], self.context, self.eval_stride, self.tokenizer.eos_id)
+        sampler = None
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1:  # each window on exactly one rank, none repeated
+            sampler = UnrepeatedDistributedSampler(windows, trainer.world_size, trainer.global_rank, shuffle=False)
+        return self._loader(windows, self.eval_batch_size, shuffle=False, sampler=sampler)
+
+    def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool, sampler=None) -> DataLoader:
+        workers = self.hparams.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )

@@ -1,0 +1,184 @@
+"""LanguageModelModule: training, perplexity evaluation (clean and word-swapped) and generation.
+
+Legend: B batch, N context, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import OptimizerCallable
+from torch import nn
+
+from kpca.language_model.perplexity import NLLTotals, perplexity_rows, write_perplexity_report
+from kpca.vision_cls.rng_state import RNGStateCheckpointing
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How ``predict`` and the sample-text callback continue prompts.
+
+    Args:
+        max_new_tokens: tokens added to each prompt.
+        top_k: sample among the k most likely tokens; None is greedy decoding.
+        temperature: softmax temperature when sampling.
+        seed: seed of the sampling generator (the same prompts give the same text).
+    """
+
+    max_new_tokens: int = 64
+    top_k: int | None = None
+    temperature: float = 1.0
+    seed: int = 0
+
+
+class LanguageModelModule(RNGStateCheckpointing, pl.LightningModule):
+    """Next-token training with warm-up then cosine decay; sliding-window perplexity; text generation.
+
+    Gradient clipping (the paper: 0.25) and precision (bf16) are Trainer settings in the YAML files.
+
+    Args:
+        net: the language model, (B, N) token ids -> (B, N, V) logits (``CausalTransformerLM``).
+        optimizer: optimizer factory taking parameter groups (the paper: Adam, lr 2.5e-4).
+        warmup_steps: linear warm-up from 0 to the optimizer's lr over this many optimizer steps.
+        min_lr_ratio: the cosine decays to ``min_lr_ratio`` times the peak lr at the last step.
+        weight_decay_norms_and_biases: also decay biases, norms and position embeddings.
+        generation: settings of ``predict``.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: OptimizerCallable = torch.optim.Adam,
+        warmup_steps: int = 2000,
+        min_lr_ratio: float = 0.0,
+        weight_decay_norms_and_biases: bool = False,
+        generation: Generation = Generation(),  # noqa: B008 (frozen dataclass)
+    ) -> None:
+        super().__init__()
+        if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"need warmup_steps >= 0 and min_lr_ratio in [0, 1], got {warmup_steps}, {min_lr_ratio}")
+        self.save_hyperparameters(ignore=["net"])
+        if "_instantiator" in self.hparams:
+            # Built by LightningCLI: save the parsed net config so that load_from_checkpoint rebuilds it.
+            self.save_hyperparameters()
+        self.net = net
+        self.optimizer_factory = optimizer
+        self.generation = generation
+        self.eval_totals = nn.ModuleDict()
+        self._batch_start = 0.0
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, N) token ids -> (B, N, V) logits."""
+        return self.net(tokens)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        inputs, targets = batch  # (B, N), (B, N)
+        logits = self.net(inputs)  # (B, N, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log("train/ppl", torch.exp(loss.detach()), on_step=True, on_epoch=False)
+        return loss
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        self._batch_start = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        elapsed = time.perf_counter() - self._batch_start
+        tokens = batch[0].numel() * self.trainer.world_size
+        self.log("train/tokens_per_sec", tokens / max(elapsed, 1e-9), on_step=True, on_epoch=False)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
+
+    def _start_eval(self, stage: str) -> None:
+        self.eval_names = self.trainer.datamodule.eval_names(stage)
+        self.eval_totals = nn.ModuleDict({name: NLLTotals() for name in self.eval_names}).to(self.device)
+
+    def _eval_step(self, batch, dataloader_idx: int) -> None:
+        inputs, targets, scored = batch  # (B, N) each
+        logits = self.net(inputs)  # (B, N, V)
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")  # (B * N,)
+        self.eval_totals[self.eval_names[dataloader_idx]].update(nll, scored.flatten())
+
+    def _eval_results(self) -> list[dict]:
+        arrays = self.trainer.datamodule.arrays
+        sets = {name: (totals, arrays[name].words, arrays[name].length) for name, totals in self.eval_totals.items()}
+        return perplexity_rows(sets)
+
+    def on_validation_epoch_start(self) -> None:
+        self._start_eval("validate")
+
+    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_step(batch, dataloader_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        (row,) = self._eval_results()
+        # the values are already summed over processes; sync_dist only spares Lightning's epoch-level warning
+        self.log("val/ppl", row["ppl_word"], prog_bar=True, sync_dist=True)
+        self.log("val/ppl_token", row["ppl_token"], sync_dist=True)
+        self.log("val/loss", row["nll_token"], sync_dist=True)
+
+    def on_test_epoch_start(self) -> None:
+        self._start_eval("test")
+
+    def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_step(batch, dataloader_idx)
+
+    def on_test_epoch_end(self) -> None:
+        rows = self._eval_results()
+        for row in rows:
+            name = row["set"]
+            self.log(f"test/{name}/ppl", row["ppl_word"], add_dataloader_idx=False, sync_dist=True)
+            self.log(f"test/{name}/ppl_token", row["ppl_token"], add_dataloader_idx=False, sync_dist=True)
+        if self.trainer.is_global_zero:
+            write_perplexity_report(rows, self.trainer.log_dir or self.trainer.default_root_dir)
+
+    def generate_text(self, prompts: list[str]) -> list[str]:
+        """Continue each prompt with the ``generation`` settings; returns the prompts with their continuations."""
+        tokenizer = self.trainer.datamodule.tokenizer
+        settings = self.generation
+        generator = torch.Generator(device=self.device).manual_seed(settings.seed)
+        texts = []
+        was_training = self.net.training
+        self.net.eval()
+        for prompt in prompts:
+            ids = torch.tensor([tokenizer.encode_prompt(prompt)], device=self.device)  # (1, P)
+            out = self.net.generate(ids, settings.max_new_tokens, settings.top_k, settings.temperature, generator)
+            texts.append(tokenizer.decode(out[0].tolist()))
+        self.net.train(was_training)
+        return texts
+
+    def predict_step(self, batch: tuple[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict:
+        prompt, _ = batch
+        (text,) = self.generate_text([prompt])
+        return {"prompt": prompt, "text": text}
+
+    def configure_optimizers(self):
+        """The optimizer over decay / no-decay groups with a per-step linear warm-up and cosine decay."""
+        optimizer = self.optimizer_factory(self._parameter_groups())
+        total = max(int(self.trainer.estimated_stepping_batches), 1)  # honours max_steps and max_epochs
+        warmup = min(self.hparams.warmup_steps, total)
+        floor = self.hparams.min_lr_ratio
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _parameter_groups(self) -> list[dict]:
+        """Biases, norms and position embeddings get no weight decay unless asked (weight decay 0 makes it moot)."""
+        if self.hparams.weight_decay_norms_and_biases:
+            return [{"params": [p for p in self.net.parameters() if p.requires_grad]}]
+        skip = self.net.no_weight_decay() if hasattr(self.net, "no_weight_decay") else set()
+        decay, no_decay = [], []
+        for name, param in self.net.named_parameters():
+            if param.requires_grad:
+                (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
+        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -1,0 +1,77 @@
+"""Perplexity arithmetic: summed NLL over scored tokens, token-level and word-level perplexity, the report.
+
+token-level perplexity = exp(total NLL / scored tokens); word-level perplexity = exp(total NLL /
+words), with words counted on the original text (:func:`kpca.language_model.corpus.count_words`),
+so it does not depend on the tokenizer and compares with word-level WikiText-103 results.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+import torch
+from torchmetrics import Metric
+
+from kpca.vision_cls.robustness import write_report
+
+
+class NLLTotals(Metric):
+    """Sums of token NLL (float64) and of scored tokens, over batches and (on ``compute``) over processes."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("nll", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("tokens", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, nll: torch.Tensor, scored: torch.Tensor) -> None:
+        """Add the NLL of the scored positions; ``nll`` and ``scored`` have the same shape."""
+        if nll.shape != scored.shape:
+            raise ValueError(f"nll {tuple(nll.shape)} and scored {tuple(scored.shape)} must have the same shape")
+        self.nll += nll.double()[scored].sum()
+        self.tokens += scored.sum()
+
+    def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(total NLL, number of scored tokens)."""
+        return self.nll, self.tokens
+
+
+def perplexities(total_nll: float, tokens: int, words: float) -> dict[str, float]:
+    """Mean NLL per token, token-level and word-level perplexity of ``tokens`` tokens making ``words`` words."""
+    if tokens <= 0 or words <= 0:
+        raise ValueError(f"need tokens > 0 and words > 0 to compute a perplexity, got {tokens} and {words}")
+    return {
+        "nll_token": total_nll / tokens,
+        "ppl_token": math.exp(total_nll / tokens),
+        "ppl_word": math.exp(total_nll / words),
+    }
+
+
+def perplexity_rows(sets: Mapping[str, tuple[NLLTotals, int, int]]) -> list[dict]:
+    """One row per evaluation set from synced totals: set, tokens, words, nll_token, ppl_token, ppl_word, complete.
+
+    ``sets`` maps a name to (totals, words of the whole set, tokens of the whole set). When only part
+    of a set was scored (``limit_*_batches``, ``fast_dev_run``), the word count is scaled by the
+    scored share of tokens, so ``ppl_word`` estimates the full set's instead of collapsing towards 1.
+    """
+    rows = []
+    for name, (totals, words, set_tokens) in sets.items():
+        nll, tokens = (float(x) for x in totals.compute())
+        tokens = int(tokens)
+        complete = tokens == set_tokens
+        scored_words = words if complete else max(words * tokens / set_tokens, 1e-9)
+        row = {"set": name, "tokens": tokens, "words": words, **perplexities(nll, tokens, scored_words)}
+        rows.append({**row, "complete": complete})
+    return rows
+
+
+def write_perplexity_report(rows: list[dict], out_dir: str | os.PathLike[str]) -> None:
+    """Write ``perplexity.md`` / ``perplexity.csv`` (atomically) with each attacked set beside its clean one."""
+    clean = {row["set"]: row for row in rows if not row["set"].endswith("_wordswap")}
+    for row in rows:
+        base = clean.get(row["set"].removesuffix("_wordswap"))
+        row["ppl_word_vs_clean"] = row["ppl_word"] / base["ppl_word"] if base else None
+    write_report(rows, out_dir, "perplexity")
