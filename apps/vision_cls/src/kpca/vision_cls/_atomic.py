@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -22,3 +23,34 @@ def write_atomic(path: Path, write: Callable[[IO], None], mode: str = "wb", **op
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_tree_atomic(root: Path, marker: str, write: Callable[[Path], None], what: str = "tree") -> bool:
+    """Build the folder ``root`` once: ``write(tmp)`` fills a temporary folder beside it, which is renamed into place.
+
+    A complete tree holds the file ``marker``; a crash never leaves half a tree at ``root``, and of concurrent
+    writers the first rename wins. ``what`` names the tree in errors (e.g. "digits tree").
+
+    Returns:
+        True when this call wrote the tree, False when a complete tree was already there.
+
+    Raises:
+        ValueError: If ``root`` exists without ``marker`` (not a complete tree).
+    """
+    if (root / marker).is_file():
+        return False
+    if root.exists():
+        raise ValueError(f"{root} exists but is not a complete {what} (no {marker}); delete it or move it.")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        write(tmp)
+        (tmp / marker).touch()
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            if not (root / marker).is_file():  # not a concurrent writer that finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True

@@ -26,6 +26,7 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     mismatched: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -39,6 +40,7 @@ class LoadReport:
             ("missing in the checkpoint", self.missing),
             ("unexpected in the checkpoint", self.unexpected),
             ("shape mismatch", self.mismatched),
+            ("skipped on purpose", self.skipped),
         ):
             if items:
                 lines.append(f"{title} ({len(items)}):")
@@ -88,13 +90,16 @@ def _fit(key: str, src: torch.Tensor, dst: torch.Tensor, num_prefix_tokens: int)
     return None, f"{key}: checkpoint {tuple(src.shape)} vs model {tuple(dst.shape)}"
 
 
-def load_weights(net: nn.Module, path: str | Path, *, strict: bool = True) -> LoadReport:
+def load_weights(
+    net: nn.Module, path: str | Path, *, strict: bool = True, skip_prefixes: tuple[str, ...] = ()
+) -> LoadReport:
     """Load a checkpoint into ``net.vit`` (a timm VisionTransformer), converting what fits.
 
     Symmetric and asymmetric attention convert into each other (see ``_fit``), position embeddings
     are interpolated to the model's grid. With ``strict`` any missing, unexpected or mismatched
     tensor raises a ValueError holding the full report; otherwise those tensors are skipped and
-    the report is logged.
+    the report is logged. Checkpoint tensors whose names start with one of ``skip_prefixes`` (e.g. a
+    classifier head that a segmentation encoder lacks) are left out and listed as skipped.
 
     Returns:
         The :class:`LoadReport`.
@@ -105,6 +110,9 @@ def load_weights(net: nn.Module, path: str | Path, *, strict: bool = True) -> Lo
     fitted = {}
     state = read_state_dict(path)
     for key, src in state.items():
+        if key.startswith(skip_prefixes) and key not in target:
+            report.skipped.append(key)
+            continue
         if key not in target:
             report.unexpected.append(key)
             continue

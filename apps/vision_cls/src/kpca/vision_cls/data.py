@@ -18,8 +18,6 @@ Folder layouts (all ImageFolder-style, one sub-folder per class):
 import inspect
 import math
 import os
-import shutil
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
@@ -43,6 +41,7 @@ from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
+from kpca.vision_cls._atomic import write_tree_atomic
 from kpca.vision_cls.robustness import subset_synsets
 
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
@@ -343,19 +342,14 @@ def write_digits_imagefolder(root: Path, image_size: int = 32) -> Path:
     root = Path(root)
     if (root / _DIGITS_MARKER).is_file():
         return root
-    if root.exists():
-        raise ValueError(
-            f"{root} exists but is not a complete digits tree (no {_DIGITS_MARKER}); delete it or move it."
-        )
     from sklearn.datasets import load_digits  # imported here: scikit-learn is slow to import and only needed once
     from sklearn.model_selection import train_test_split
 
     digits = load_digits()
     indices = np.arange(len(digits.target))
     train, val = train_test_split(indices, test_size=0.2, stratify=digits.target, random_state=0)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         for split, split_indices in (("train", train), ("val", val)):
             for label in DIGITS_CLASSES:
                 (tmp / split / label).mkdir(parents=True)
@@ -363,14 +357,9 @@ def write_digits_imagefolder(root: Path, image_size: int = 32) -> Path:
                 pixels = np.round(digits.images[i] * (255.0 / 16.0)).astype(np.uint8)  # (8, 8)
                 image = Image.fromarray(pixels).resize((image_size, image_size), Image.Resampling.BICUBIC)
                 image.convert("RGB").save(tmp / split / str(digits.target[i]) / f"{i:04d}.png")
-        (tmp / _DIGITS_MARKER).touch()
-        try:
-            os.rename(tmp, root)
-        except OSError:
-            if not (root / _DIGITS_MARKER).is_file():  # not a concurrent writer that finished first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    if not write_tree_atomic(root, _DIGITS_MARKER, write, what="digits tree"):
+        return root
     rank_zero_info(f"Wrote the digits tree ({len(train)} train, {len(val)} val images, {image_size}px) to {root}")
     return root
 

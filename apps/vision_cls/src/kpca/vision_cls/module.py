@@ -135,8 +135,9 @@ class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         results = self.evaluator.compute()
         self.log_dict({f"test/{name}": value for name, value in results.items()}, add_dataloader_idx=False)
+        log_dir = self.trainer.log_dir or self.trainer.default_root_dir  # a collective: every rank asks
         if self.trainer.is_global_zero:
-            self.evaluator.write_report(results, self.trainer.log_dir or self.trainer.default_root_dir)
+            self.evaluator.write_report(results, log_dir)
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
         images = batch[0] if isinstance(batch, (tuple, list)) else batch

@@ -1,0 +1,372 @@
+"""ADE20K through mmsegmentation's ``ADE20KDataset`` and pipelines, in a LightningDataModule; corrupted test sets.
+
+Batches are dicts. Training: ``images`` (B, 3, S, S) float32 RGB in [0, 1] and ``labels`` (B, S, S) int64, padded
+to the crop size S with 0 and 255 (mmseg's ``SegDataPreProcessor``). Evaluation: ``images``, a list of (3, H, W)
+images at the test scale, and ``labels``, a list of (H0, W0) label maps at the original size (mmseg loads the
+annotation after ``Resize`` in its test pipeline), plus ``names``. Labels follow ``reduce_zero_label``: ADE20K's 0
+("other") becomes 255 (ignored) and class k becomes k - 1, so 150 classes 0..149. Nothing is normalised here; the
+model normalises inside, so corruptions act on real pixels.
+
+Importing this module installs the ``mmcv.ops`` shim first (``kpca.segmentation``), and the dataset class that
+DataLoader workers unpickle lives here, so spawned workers import the shim before mmseg too.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import mmseg.datasets  # noqa: F401 (registers mmseg's transforms; kpca.segmentation has installed the shim)
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule
+from mmseg.datasets import ADE20KDataset
+from mmseg.registry import TRANSFORMS
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
+from kpca.vision_cls.data import _check_corruptions, corrupt_seeded, default_cache_dir, per_device_batch_size
+
+ADE20K_LAYOUT = (
+    "root/images/{training,validation}/*.jpg and root/annotations/{training,validation}/*.png (ADEChallengeData2016)"
+)
+SPLIT_FOLDERS = {"train": "training", "val": "validation"}
+# The 15 ImageNet-C corruptions (Hendrycks & Dietterich), as the robustness benchmarks for segmentation use them.
+IMAGENET_C_CORRUPTIONS = [
+    "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
+    "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression",
+]  # fmt: skip
+
+
+def train_pipeline(
+    crop_size: int = 512,
+    scale: tuple[int, int] = (2048, 512),
+    ratio_range: tuple[float, float] = (0.5, 2.0),
+    cat_max_ratio: float = 0.75,
+) -> list[dict]:
+    """Mmseg's ADE20K training pipeline (``configs/_base_/datasets/ade20k.py``) as config dicts."""
+    return [
+        {"type": "LoadImageFromFile"},
+        {"type": "LoadAnnotations"},  # reduce_zero_label comes from ADE20KDataset (mmseg 1.x deprecates it here)
+        {"type": "RandomResize", "scale": scale, "ratio_range": ratio_range, "keep_ratio": True},
+        {"type": "RandomCrop", "crop_size": (crop_size, crop_size), "cat_max_ratio": cat_max_ratio},
+        {"type": "RandomFlip", "prob": 0.5},
+        {"type": "PhotoMetricDistortion"},
+        {"type": "PackSegInputs"},
+    ]
+
+
+def eval_pipeline(scale: tuple[int, int] = (2048, 512)) -> list[dict]:
+    """Mmseg's ADE20K test pipeline: resize keeping the ratio, then load the full-size annotation."""
+    return [
+        {"type": "LoadImageFromFile"},
+        {"type": "Resize", "scale": scale, "keep_ratio": True},
+        {"type": "LoadAnnotations"},  # reduce_zero_label from ADE20KDataset
+        {"type": "PackSegInputs"},
+    ]
+
+
+class CorruptImage:
+    """mmseg pipeline step: corrupt ``results["img"]`` (BGR uint8, as loaded) with ``imagecorruptions``, reproducibly.
+
+    The seed of an image is a stable hash of ``(seed, corruption, severity, file name)``: the same image is always
+    corrupted the same way, in any worker, run or order.
+
+    Args:
+        corruption: a name from ``imagecorruptions.get_corruption_names("all")``.
+        severity: 1 to 5.
+        seed: base seed.
+    """
+
+    def __init__(self, corruption: str, severity: int, seed: int = 0) -> None:
+        _check_corruptions([corruption], [severity])
+        self.corruption, self.severity, self.seed = corruption, severity, seed
+
+    def __call__(self, results: dict) -> dict:
+        key = f"{self.seed}:{self.corruption}:{self.severity}:{Path(results['img_path']).name}"
+        rgb = np.ascontiguousarray(results["img"][..., ::-1])  # (H, W, 3) RGB
+        corrupted = corrupt_seeded(rgb, self.corruption, self.severity, zlib.crc32(key.encode()))
+        results["img"] = np.ascontiguousarray(np.asarray(corrupted, dtype=np.uint8)[..., ::-1])  # (H, W, 3) BGR
+        return results
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.corruption!r}, severity={self.severity}, seed={self.seed})"
+
+
+def build_transforms(configs: Sequence[dict]) -> list:
+    """Build pipeline steps from config dicts with mmseg's registry (so ``LoadAnnotations`` is mmseg's)."""
+    return [TRANSFORMS.build(dict(cfg)) for cfg in configs]
+
+
+class MMSegDataset(Dataset):
+    """An mmseg ``ADE20KDataset`` whose items are ``(image, label, name)`` tensors instead of packed samples.
+
+    ``image`` is the (3, H, W) uint8 RGB tensor after the pipeline, ``label`` the (H', W') int64 label map
+    (255 = ignored), ``name`` the image file stem.
+
+    Args:
+        root: ADE20K root (``ADEChallengeData2016``).
+        split: ``train`` or ``val``.
+        pipeline: pipeline steps, ending in ``PackSegInputs``.
+        indices: keep only these items (None: all).
+    """
+
+    def __init__(self, root: Path, split: Literal["train", "val"], pipeline: list, indices: list[int] | None = None):
+        folder = SPLIT_FOLDERS[split]
+        self.dataset = ADE20KDataset(
+            data_root=str(root),
+            data_prefix={"img_path": f"images/{folder}", "seg_map_path": f"annotations/{folder}"},
+            pipeline=pipeline,
+            indices=indices,
+            test_mode=split != "train",
+        )
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+        packed = self.dataset[index]
+        image = packed["inputs"].flip(0)  # (3, H, W) uint8, BGR -> RGB
+        sample = packed["data_samples"]
+        label = sample.gt_sem_seg.data[0].long()  # (H', W')
+        return image, label, Path(sample.img_path).stem
+
+
+class PadCollate:
+    """Stack training samples padded to ``size`` x ``size`` (image 0, label 255), as mmseg's data preprocessor."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, samples: list[tuple[torch.Tensor, torch.Tensor, str]]) -> dict[str, torch.Tensor]:
+        images, labels = [], []
+        for image, label, _ in samples:
+            pad = (0, self.size - image.shape[-1], 0, self.size - image.shape[-2])
+            images.append(F.pad(image, pad, value=0).float() / 255.0)  # (3, S, S)
+            labels.append(F.pad(label, pad, value=255))  # (S, S)
+        return {"images": torch.stack(images), "labels": torch.stack(labels)}
+
+
+def collate_lists(samples: list[tuple[torch.Tensor, torch.Tensor, str]]) -> dict[str, list]:
+    """Evaluation batch: lists of (3, H, W) float images in [0, 1], (H0, W0) labels and names (sizes differ)."""
+    return {
+        "images": [image.float() / 255.0 for image, _, _ in samples],
+        "labels": [label for _, label, _ in samples],
+        "names": [name for _, _, name in samples],
+    }
+
+
+class UnpaddedDistributedSampler(DistributedSampler):
+    """Evaluation sampler: rank r takes items r, r + R, r + 2R, ... in order, without padding.
+
+    Lightning's ``DistributedSampler`` pads every rank to the same length by repeating items, which would count
+    those images twice in metrics summed over ranks; here each image is counted exactly once (ranks may get one
+    item fewer, which is fine: evaluation runs no collective per step). Being a ``DistributedSampler``, Lightning
+    uses it as is.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.total_size = len(dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total_size, self.num_replicas))
+
+
+def evenly_spaced(n: int, k: int | None) -> list[int] | None:
+    """``k`` indices spread evenly over ``range(n)``, or None (all) when ``k`` is None or >= n."""
+    return None if k is None or k >= n else [i * n // k for i in range(k)]
+
+
+class ADE20KDataModule(LightningDataModule):
+    """ADE20K (or the built-in synthetic ADE20K) with mmseg's pipelines, and corrupted copies of the validation set.
+
+    ``val_dataloader`` and ``predict_dataloader`` give the clean validation set; ``test_dataloader`` gives one
+    loader per entry of :attr:`eval_sets`: the clean set, then each corruption at each severity.
+
+    Args:
+        root: ADE20K root with the layout ``root/images/{training,validation}/*.jpg`` and
+            ``root/annotations/{training,validation}/*.png``. Exactly one of ``root`` and ``builtin`` must be set.
+        builtin: ``synthetic``: the built-in synthetic ADE20K (see :mod:`kpca.segmentation.builtin_data`), written
+            once into ``cache_dir``.
+        synthetic: size and seed of the built-in set.
+        cache_dir: where built-in data is written; default ``$KPCA_CACHE`` or ``~/.cache/kpca``.
+        batch_size: global training batch (split over devices x nodes; the paper: 8).
+        eval_batch_size: evaluation images per device and step (mmseg: 1).
+        num_workers: dataloader worker processes per device.
+        multiprocessing_context: ``fork``, ``spawn`` or ``forkserver`` for the workers; None: the platform default.
+        pin_memory: pin batches in page-locked memory (when an accelerator is present).
+        crop_size: training crop side S (the paper: 512).
+        scale: mmseg's (long, short) resize scale for training (times ``ratio_range``) and evaluation.
+        ratio_range: random rescale range of ``scale`` in training.
+        cat_max_ratio: a crop is re-drawn (up to 10 times) while one class covers more than this fraction.
+        train_subset: use only this many training images, evenly spaced (None: all).
+        eval_subset: use only this many validation images, evenly spaced, in every evaluation set (None: all).
+        corruptions: corruption names for the test sets (``imagecorruptions``; default the 15 of ImageNet-C).
+        severities: corruption severities, 1-5.
+        corruption_seed: base seed of the corruptions.
+    """
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        builtin: Literal["synthetic"] | None = None,
+        synthetic: SyntheticADE20K = SyntheticADE20K(),  # noqa: B008 (frozen dataclass default)
+        cache_dir: Path | None = None,
+        batch_size: int = 8,
+        eval_batch_size: int = 1,
+        num_workers: int = 4,
+        multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None,
+        pin_memory: bool = True,
+        crop_size: int = 512,
+        scale: tuple[int, int] = (2048, 512),
+        ratio_range: tuple[float, float] = (0.5, 2.0),
+        cat_max_ratio: float = 0.75,
+        train_subset: int | None = None,
+        eval_subset: int | None = None,
+        corruptions: list[str] = IMAGENET_C_CORRUPTIONS,  # noqa: B006 (CLI default, never mutated)
+        severities: list[int] = [1, 2, 3, 4, 5],  # noqa: B006 (CLI default, never mutated)
+        corruption_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if (root is None) == (builtin is None):
+            raise ValueError(
+                f"set exactly one of data.root (an ADE20K folder: {ADE20K_LAYOUT}) and data.builtin ('synthetic'); "
+                f"got root={root!r}, builtin={builtin!r}"
+            )
+        _check_corruptions(corruptions, severities)
+        self.root = Path(root) if root is not None else None
+        self.builtin = builtin
+        self.synthetic = synthetic
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.multiprocessing_context = multiprocessing_context
+        self.pin_memory = pin_memory
+        self.crop_size = crop_size
+        self.scale = tuple(scale)
+        self.ratio_range = tuple(ratio_range)
+        self.cat_max_ratio = cat_max_ratio
+        self.train_subset = train_subset
+        self.eval_subset = eval_subset
+        self.corruptions = list(corruptions)
+        self.severities = list(severities)
+        self.corruption_seed = corruption_seed
+        self.batch_size_per_device = batch_size
+        self.train_set: MMSegDataset | None = None
+        self.val_set: MMSegDataset | None = None
+        self.test_sets: list[MMSegDataset] | None = None
+
+    @property
+    def data_root(self) -> Path:
+        """The ADE20K folder read: ``root``, or the built-in set's folder in ``cache_dir``."""
+        return self.root if self.root is not None else self.cache_dir / self.synthetic.folder_name
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The 150 ADE20K class names, in label order."""
+        return tuple(ADE20KDataset.METAINFO["classes"])
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (150), linked to the model by the CLI."""
+        return len(self.classes)
+
+    @property
+    def palette(self) -> list[list[int]]:
+        """ADE20K's RGB colour per class, for overlays."""
+        return [list(c) for c in ADE20KDataset.METAINFO["palette"]]
+
+    @property
+    def eval_sets(self) -> list[tuple[str, str | None, int | None]]:
+        """``(name, corruption, severity)`` per test loader: ``("clean", None, None)``, ``("fog/s3", "fog", 3)``..."""
+        corrupted = [(f"{c}/s{s}", c, s) for c in self.corruptions for s in self.severities]
+        return [("clean", None, None), *corrupted]
+
+    def prepare_data(self) -> None:
+        """Write the built-in set (once per node; Lightning calls this on local rank 0 only) and check the layout."""
+        if self.builtin == "synthetic":
+            write_synthetic_ade20k(self.cache_dir, self.synthetic)
+        self._check_layout()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the datasets that ``stage`` needs and the per-device batch size."""
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        self.batch_size_per_device = per_device_batch_size(self.batch_size, world_size)
+        self._check_layout()
+        if stage in (None, "fit") and self.train_set is None:
+            pipeline = train_pipeline(self.crop_size, self.scale, self.ratio_range, self.cat_max_ratio)
+            self.train_set = self._dataset("train", build_transforms(pipeline), self.train_subset)
+        if stage in (None, "fit", "validate", "predict") and self.val_set is None:
+            self.val_set = self.eval_dataset(None, None)
+        if stage in (None, "test") and self.test_sets is None:
+            self.test_sets = [self.eval_dataset(c, s) for _, c, s in self.eval_sets]
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training batches of the per-device size, padded to the crop size, last partial batch dropped."""
+        train_set = self._require(self.train_set, "fit")
+        return self._loader(train_set, self.batch_size_per_device, PadCollate(self.crop_size), shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """The clean validation set (lists of images at the test scale and labels at the original size)."""
+        return self._loader(self._require(self.val_set, "validate"), self.eval_batch_size, collate_lists)
+
+    def test_dataloader(self) -> list[DataLoader]:
+        """One loader per entry of :attr:`eval_sets`, in that order."""
+        return [self._loader(d, self.eval_batch_size, collate_lists) for d in self._require(self.test_sets, "test")]
+
+    def predict_dataloader(self) -> DataLoader:
+        """The clean validation set."""
+        return self._loader(self._require(self.val_set, "predict"), self.eval_batch_size, collate_lists)
+
+    def _loader(self, dataset: Dataset, batch_size: int, collate, shuffle: bool = False) -> DataLoader:
+        trainer = self.trainer
+        sampler = None
+        if not shuffle and trainer is not None and trainer.world_size > 1:
+            sampler = UnpaddedDistributedSampler(dataset, trainer.world_size, trainer.global_rank)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            drop_last=shuffle,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            multiprocessing_context=self.multiprocessing_context if self.num_workers > 0 else None,
+            persistent_workers=False,
+            pin_memory=self.pin_memory and torch.accelerator.is_available(),
+        )
+
+    def _dataset(self, split: Literal["train", "val"], pipeline: list, subset: int | None) -> MMSegDataset:
+        count = len(list((self.data_root / "images" / SPLIT_FOLDERS[split]).glob("*.jpg")))
+        return MMSegDataset(self.data_root, split, pipeline, evenly_spaced(count, subset))
+
+    def eval_dataset(self, corruption: str | None = None, severity: int | None = None) -> MMSegDataset:
+        """The validation set through the test pipeline, corrupted on the original image when ``corruption`` is set."""
+        steps = build_transforms(eval_pipeline(self.scale))
+        if corruption is not None:
+            steps.insert(1, CorruptImage(corruption, severity, self.corruption_seed))  # on the original image
+        return self._dataset("val", steps, self.eval_subset)
+
+    @staticmethod
+    def _require(value, stage: str):
+        if value is None:
+            raise RuntimeError(f"The datasets are not built; call setup({stage!r}) first (the Trainer does).")
+        return value
+
+    def _check_layout(self) -> None:
+        """Raise FileNotFoundError naming the missing folder and the expected ADE20K layout."""
+        for kind in ("images", "annotations"):
+            for folder in SPLIT_FOLDERS.values():
+                path = self.data_root / kind / folder
+                if not path.is_dir():
+                    raise FileNotFoundError(
+                        f"{path} is not a directory; data.root must hold the ADE20K layout {ADE20K_LAYOUT}"
+                    )
+                if kind == "images" and not any(path.glob("*.jpg")):
+                    raise FileNotFoundError(f"{path} holds no .jpg images; expected the ADE20K layout {ADE20K_LAYOUT}")

@@ -1,0 +1,97 @@
+"""Clean and corrupted ADE20K evaluation: metrics per corruption and severity, their means, and the reports.
+
+Reports (Markdown and CSV, written atomically with ``kpca.vision_cls.robustness.write_report``) in the log dir:
+
+* ``segmentation.{md,csv}``: one row per evaluation set (clean, then each corruption at each severity), one mean
+  row per corruption over its severities, and the mean over all corrupted sets; aAcc, mAcc and mIoU in %.
+* ``per_class_clean.{md,csv}``: IoU and accuracy of each of the 150 classes on the clean set (empty where a class
+  is absent from both predictions and labels, as mmseg's NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from kpca.vision_cls.robustness import write_report
+
+METRICS = ("aAcc", "mAcc", "mIoU")
+EvalSets = Sequence[tuple[str, str | None, int | None]]
+
+
+def corruption_results(per_set: Mapping[str, Mapping[str, object]], eval_sets: EvalSets) -> dict[str, float]:
+    """Flat ``{key: fraction}`` for logging, for each of aAcc, mAcc and mIoU.
+
+    Keys: ``clean/mIoU``, ``corrupted/fog/s3/mIoU``, ``corrupted/fog/mIoU`` (mean over severities) and
+    ``corrupted/mean_mIoU`` (mean over all corrupted sets).
+
+    Args:
+        per_set: ``SegmentationMetrics.compute()`` of each evaluation set, by name.
+        eval_sets: ``(name, corruption, severity)`` of each set (``ADE20KDataModule.eval_sets``).
+    """
+    results: dict[str, float] = {}
+    by_corruption: dict[str, list[str]] = {}
+    for name, corruption, _ in eval_sets:
+        prefix = "clean" if corruption is None else f"corrupted/{name}"
+        results.update({f"{prefix}/{m}": float(per_set[name][m]) for m in METRICS})
+        if corruption is not None:
+            by_corruption.setdefault(corruption, []).append(name)
+    for corruption, names in by_corruption.items():
+        for m in METRICS:
+            results[f"corrupted/{corruption}/{m}"] = _mean(float(per_set[n][m]) for n in names)
+    corrupted = [n for names in by_corruption.values() for n in names]
+    if corrupted:
+        for m in METRICS:
+            results[f"corrupted/mean_{m}"] = _mean(float(per_set[n][m]) for n in corrupted)
+    return results
+
+
+def summary_rows(per_set: Mapping[str, Mapping[str, object]], eval_sets: EvalSets) -> list[dict[str, object]]:
+    """Rows of ``segmentation.md``: per set, per-corruption means and the corrupted mean, metrics in %."""
+    results = corruption_results(per_set, eval_sets)
+    rows = []
+    for name, corruption, severity in eval_sets:
+        prefix = "clean" if corruption is None else f"corrupted/{name}"
+        rows.append(_row("clean" if corruption is None else corruption, severity or "", results, f"{prefix}/"))
+    for corruption in dict.fromkeys(c for _, c, _ in eval_sets if c is not None):
+        rows.append(_row(corruption, "mean", results, f"corrupted/{corruption}/"))
+    if any(c is not None for _, c, _ in eval_sets):
+        rows.append(
+            {"set": "all corruptions", "severity": "mean"} | {m: 100 * results[f"corrupted/mean_{m}"] for m in METRICS}
+        )
+    return rows
+
+
+def per_class_rows(metrics: Mapping[str, object], classes: Sequence[str]) -> list[dict[str, object]]:
+    """Rows of ``per_class_clean.md``: class index, name, IoU and Acc in % (None where undefined)."""
+    iou, acc = (torch.as_tensor(metrics[k]).tolist() for k in ("IoU", "Acc"))
+    return [
+        {"class": i, "name": name.strip(), "IoU": _percent(iou[i]), "Acc": _percent(acc[i])}
+        for i, name in enumerate(classes)
+    ]
+
+
+def write_reports(
+    per_set: Mapping[str, Mapping[str, object]], eval_sets: EvalSets, classes: Sequence[str], out_dir: str | Path
+) -> list[Path]:
+    """Write ``segmentation.{md,csv}`` and ``per_class_clean.{md,csv}`` into ``out_dir``; returns the four paths."""
+    paths = list(write_report(summary_rows(per_set, eval_sets), out_dir, "segmentation"))
+    if "clean" in per_set:
+        paths += write_report(per_class_rows(per_set["clean"], classes), out_dir, "per_class_clean")
+    return paths
+
+
+def _row(name: str, severity: object, results: Mapping[str, float], prefix: str) -> dict[str, object]:
+    return {"set": name, "severity": severity} | {m: 100 * results[f"{prefix}{m}"] for m in METRICS}
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def _percent(value: float) -> float | None:
+    return None if math.isnan(value) else 100 * value
