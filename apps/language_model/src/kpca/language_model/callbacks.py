@@ -44,10 +44,10 @@ class TextPredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="epoch")
 
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
+        path = Path(trainer.log_dir or trainer.default_root_dir) / "predictions.jsonl"  # a collective: every rank asks
         if not trainer.is_global_zero:
             return
         rows = [row for batch in predictions for row in (batch if isinstance(batch, list) else [batch])]
-        path = Path(trainer.log_dir or trainer.default_root_dir) / "predictions.jsonl"
         write_atomic(path, lambda f: f.writelines(json.dumps(row) + "\n" for row in rows), mode="w", encoding="utf-8")
         for row in rows:
             print(f"--- {row['prompt']!r}\n{row['text']}")

@@ -133,8 +133,9 @@ class LanguageModelModule(RNGStateCheckpointing, pl.LightningModule):
             name = row["set"]
             self.log(f"test/{name}/ppl", row["ppl_word"], add_dataloader_idx=False, sync_dist=True)
             self.log(f"test/{name}/ppl_token", row["ppl_token"], add_dataloader_idx=False, sync_dist=True)
+        log_dir = self.trainer.log_dir or self.trainer.default_root_dir  # a collective: every rank asks
         if self.trainer.is_global_zero:
-            write_perplexity_report(rows, self.trainer.log_dir or self.trainer.default_root_dir)
+            write_perplexity_report(rows, log_dir)
 
     def generate_text(self, prompts: list[str]) -> list[str]:
         """Continue each prompt with the ``generation`` settings; returns the prompts with their continuations."""
