@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install demo smoke test test-fast test-slow test-gpu bench lint tensorboard clean
+.PHONY: install demo demo-lm demo-seg smoke smoke-lm smoke-seg test test-fast test-slow test-gpu bench lint tensorboard clean
 
 $(STAMP): requirements/constraints.txt requirements/dev.txt $(wildcard packages/*/pyproject.toml apps/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,20 @@ install: $(STAMP)  ## create .venv and install every distribution editable with 
 demo: $(STAMP)  ## the main job: SymViT vs RPC-SymViT on the built-in digits, clean / corrupted / attacked
 	$(PY) -m kpca.vision_cls.demo --out runs/demo
 
+demo-lm: $(STAMP)  ## symmetric vs RPC language models on the built-in corpus, clean and word-swapped perplexity
+	$(PY) -m kpca.language_model.demo --out runs/demo-lm
+
+demo-seg: $(STAMP)  ## symmetric vs RPC Segmenter on the built-in synthetic ADE20K, clean and corrupted mIoU
+	$(PY) -m kpca.segmentation.demo --out runs/demo-seg
+
 smoke: $(STAMP)  ## the smallest end-to-end fit of the vision app
 	$(PY) -m kpca.vision_cls fit -c configs/trainer/cpu.yaml -c configs/vision_cls/smoke.yaml --trainer.fast_dev_run=2
+
+smoke-lm: $(STAMP)  ## the smallest end-to-end fit of the language-model app
+	$(PY) -m kpca.language_model fit -c configs/trainer/cpu.yaml -c configs/language_model/smoke.yaml --trainer.fast_dev_run=2
+
+smoke-seg: $(STAMP)  ## the smallest end-to-end fit of the segmentation app
+	$(PY) -m kpca.segmentation fit -c configs/trainer/cpu.yaml -c configs/segmentation/smoke.yaml --trainer.fast_dev_run=2
 
 test: $(STAMP)  ## every test that runs without a GPU (slow and Triton-interpreter tests included)
 	$(PY) -m pytest -m "not gpu" -q
@@ -37,9 +49,10 @@ test-gpu: $(STAMP)  ## on a CUDA machine (under 5 min): gpu and triton tests, th
 	$(PY) -m pytest -m "gpu or triton" -q
 	$(PY) benchmarks/attention.py --device cuda --output $(GPU_REPORT)
 
-bench: $(STAMP)  ## the benchmarks (attention up to N = 4096; vision step time and Lightning throughput)
+bench: $(STAMP)  ## the benchmarks (attention up to N = 4096; vision and LM step time and Lightning throughput)
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/vision_cls.py
+	$(PY) benchmarks/language_model.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

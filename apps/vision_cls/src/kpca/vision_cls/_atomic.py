@@ -10,8 +10,18 @@ from pathlib import Path
 from typing import IO
 
 
+def _umask() -> int:
+    """The process's umask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, write: Callable[[IO], None], mode: str = "wb", **open_kwargs) -> None:
-    """Call ``write(file)`` on a temporary file next to ``path``, fsync it, then rename it over ``path``."""
+    """Call ``write(file)`` on a temporary file next to ``path``, fsync it, then rename it over ``path``.
+
+    The file gets the permissions a plain ``open`` would give it (0666 less the umask), not mkstemp's 0600.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -19,6 +29,7 @@ def write_atomic(path: Path, write: Callable[[IO], None], mode: str = "wb", **op
             write(stream)
             stream.flush()
             os.fsync(stream.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -29,7 +40,8 @@ def write_tree_atomic(root: Path, marker: str, write: Callable[[Path], None], wh
     """Build the folder ``root`` once: ``write(tmp)`` fills a temporary folder beside it, which is renamed into place.
 
     A complete tree holds the file ``marker``; a crash never leaves half a tree at ``root``, and of concurrent
-    writers the first rename wins. ``what`` names the tree in errors (e.g. "digits tree").
+    writers the first rename wins. The folder gets a plain ``mkdir``'s permissions (0777 less the umask).
+    ``what`` names the tree in errors (e.g. "digits tree").
 
     Returns:
         True when this call wrote the tree, False when a complete tree was already there.
@@ -46,6 +58,7 @@ def write_tree_atomic(root: Path, marker: str, write: Callable[[Path], None], wh
     try:
         write(tmp)
         (tmp / marker).touch()
+        os.chmod(tmp, 0o777 & ~_umask())
         try:
             os.rename(tmp, root)
         except OSError:
