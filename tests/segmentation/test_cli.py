@@ -140,7 +140,6 @@ def test_resume_from_an_epoch_checkpoint_reproduces_the_uninterrupted_run(tmp_pa
 
 @pytest.mark.slow
 @NEW_CHECKPOINT_DIR
-@pytest.mark.filterwarnings("ignore:checkpoint holds RNG states of 2 processes")  # validated by 1 process on purpose
 def test_two_process_cpu_ddp_fit_counts_every_validation_image_once(tmp_path: Path, seg_cache_dir: Path):
     options = smoke(tmp_path, seg_cache_dir, "--trainer.limit_train_batches=2", "--data.eval_subset=3")
     ddp = ["--trainer.devices=2", "--trainer.strategy=ddp"]

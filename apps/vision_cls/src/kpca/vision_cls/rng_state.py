@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 
@@ -29,12 +30,13 @@ class RNGStateCheckpointing:
             checkpoint["rng_states"] = [states]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Restore this rank's RNG states when a Trainer resumes with the same number of processes.
+        """Restore this rank's RNG states when ``fit`` resumes with the same number of processes.
 
-        Not in ``load_from_checkpoint`` (no Trainer); with another world size the ranks keep Lightning's seeding.
+        Not in ``load_from_checkpoint`` (no Trainer) nor in validate / test / predict (nothing to resume); with
+        another world size the ranks keep Lightning's seeding.
         """
         states = checkpoint.get("rng_states")
-        if self._trainer is None or states is None:
+        if self._trainer is None or states is None or self.trainer.state.fn != TrainerFn.FITTING:
             return
         if len(states) == self.trainer.world_size:
             set_rng_states(states[self.trainer.global_rank])
