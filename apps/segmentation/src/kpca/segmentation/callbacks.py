@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
 
-from kpca.vision_cls.callbacks import _tensorboard
+from kpca.vision_cls.callbacks import tensorboard_writer
 
 IGNORE_INDEX = 255
 
@@ -58,7 +58,7 @@ class SegmentationOverlays(pl.Callback):
 
     @rank_zero_only
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        writer = _tensorboard(trainer)
+        writer = tensorboard_writer(trainer)
         if writer is None or not self._samples or trainer.sanity_checking:
             return
         palette = torch.tensor(trainer.datamodule.palette, dtype=torch.float32) / 255.0  # (K, 3)

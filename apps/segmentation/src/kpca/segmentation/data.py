@@ -28,7 +28,7 @@ from mmseg.registry import TRANSFORMS
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
-from kpca.vision_cls.data import _check_corruptions, corrupt_seeded, default_cache_dir, per_device_batch_size
+from kpca.vision_cls.data import check_corruptions, corrupt_seeded, default_cache_dir, per_device_batch_size
 
 ADE20K_LAYOUT = (
     "root/images/{training,validation}/*.jpg and root/annotations/{training,validation}/*.png (ADEChallengeData2016)"
@@ -82,7 +82,7 @@ class CorruptImage:
     """
 
     def __init__(self, corruption: str, severity: int, seed: int = 0) -> None:
-        _check_corruptions([corruption], [severity])
+        check_corruptions([corruption], [severity])
         self.corruption, self.severity, self.seed = corruption, severity, seed
 
     def __call__(self, results: dict) -> dict:
@@ -238,7 +238,7 @@ class ADE20KDataModule(LightningDataModule):
                 f"set exactly one of data.root (an ADE20K folder: {ADE20K_LAYOUT}) and data.builtin ('synthetic'); "
                 f"got root={root!r}, builtin={builtin!r}"
             )
-        _check_corruptions(corruptions, severities)
+        check_corruptions(corruptions, severities)
         self.root = Path(root) if root is not None else None
         self.builtin = builtin
         self.synthetic = synthetic

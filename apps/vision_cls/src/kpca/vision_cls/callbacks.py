@@ -22,7 +22,8 @@ def rpc_layers(model: nn.Module) -> dict[str, RPCAttention]:
     return {name: m for name, m in model.named_modules() if isinstance(m, RPCAttention)}
 
 
-def _tensorboard(trainer: pl.Trainer):
+def tensorboard_writer(trainer: pl.Trainer):
+    """The ``SummaryWriter`` of the trainer's first TensorBoard logger, or None when it has none."""
     for lg in trainer.loggers:
         if isinstance(lg, TensorBoardLogger):
             return lg.experiment
@@ -112,7 +113,7 @@ class AttentionMaps(pl.Callback):
 
     @rank_zero_only
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        writer = _tensorboard(trainer)
+        writer = tensorboard_writer(trainer)
         if writer is None or self._images is None or trainer.sanity_checking:
             return
         vit = pl_module.net.vit

@@ -255,7 +255,7 @@ class CorruptedDataset(Dataset):
         transform: Callable[[np.ndarray], Tensor] | None = None,
         seed: int = 0,
     ) -> None:
-        _check_corruptions([corruption], [severity])
+        check_corruptions([corruption], [severity])
         self.base = base
         self.corruption = corruption
         self.severity = severity
@@ -291,7 +291,7 @@ def _ood_label(_: int) -> int:
     return -1
 
 
-def _check_corruptions(corruptions: Sequence[str], severities: Sequence[int]) -> None:
+def check_corruptions(corruptions: Sequence[str], severities: Sequence[int]) -> None:
     """Raise ValueError on unknown corruption names or severities outside 1-5."""
     known = get_corruption_names("all")
     unknown = [c for c in corruptions if c not in known]
@@ -454,7 +454,7 @@ class ImageNetDataModule(LightningDataModule):
             raise ValueError(f"repeated_aug={repeated_aug} must be at least 1; 1 disables repeated augmentation.")
         if eval_subset is not None and eval_subset < 1:
             raise ValueError(f"eval_subset={eval_subset} must be positive, or None to evaluate on all images.")
-        _check_corruptions(corruptions, severities)
+        check_corruptions(corruptions, severities)
         if (corruptions or imagenet_c_root) and not severities:
             raise ValueError("severities is empty; list at least one of 1-5 for the corruptions and ImageNet-C.")
         if corruptions and image_size < 32:
