@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import ArgsType, LightningCLI
+from lightning.pytorch.cli import ArgsType
 
 from kpca.language_model.callbacks import SampleText, TextPredictionWriter
 from kpca.language_model.data import WikiTextDataModule
 from kpca.language_model.module import LanguageModelModule
-from kpca.vision_cls.callbacks import RPCDiagnostics
+from kpca.vision_cls.project_cli import ProjectCLI
 
 
-class LanguageModelCLI(LightningCLI):
-    """Adds best/last checkpoints, RPC diagnostics, sampled text and the prediction writer; links data to model."""
+class LanguageModelCLI(ProjectCLI):
+    """Adds best/last checkpoints on ``val/ppl``, RPC diagnostics, sampled text and the prediction writer; links."""
 
-    def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val/ppl",
-                "checkpoint.mode": "min",
-                "checkpoint.save_last": True,
-                "checkpoint.filename": "best-{step:07d}",
-                "checkpoint.auto_insert_metric_name": False,
-            }
-        )
-        parser.add_lightning_class_args(RPCDiagnostics, "rpc_diagnostics")
+    monitor, mode, best_filename = "val/ppl", "min", "best-{step:07d}"
+
+    def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(SampleText, "sample_text")
         parser.add_lightning_class_args(TextPredictionWriter, "prediction_writer")
         parser.link_arguments("data.tokenizer.vocab_size", "model.net.init_args.vocab_size")
@@ -37,13 +27,7 @@ def main(args: ArgsType = None) -> LanguageModelCLI:
 
     Returns the CLI object (its ``trainer``, ``model`` and ``datamodule``) for use from Python.
     """
-    return LanguageModelCLI(
-        LanguageModelModule,
-        WikiTextDataModule,
-        args=args,
-        trainer_defaults={"plugins": [{"class_path": "kpca.vision_cls.checkpoint_io.AtomicCheckpointIO"}]},
-        save_config_kwargs={"overwrite": True},
-    )
+    return LanguageModelCLI(LanguageModelModule, WikiTextDataModule, args=args)
 
 
 def console_main() -> None:

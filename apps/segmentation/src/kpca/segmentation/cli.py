@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import ArgsType, LightningCLI
+from lightning.pytorch.cli import ArgsType
 
 from kpca.segmentation.callbacks import SegmentationOverlays
 from kpca.segmentation.data import ADE20KDataModule
 from kpca.segmentation.module import SegmentationModule
-from kpca.vision_cls.callbacks import RPCDiagnostics
+from kpca.vision_cls.project_cli import ProjectCLI
 
 
-class SegmentationCLI(LightningCLI):
+class SegmentationCLI(ProjectCLI):
     """Adds best/last checkpoints on ``val/mIoU``, RPC diagnostics, prediction overlays, and the class-count link."""
 
-    def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val/mIoU",
-                "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
-                "checkpoint.filename": "best-{epoch:03d}",
-                "checkpoint.auto_insert_metric_name": False,
-            }
-        )
-        parser.add_lightning_class_args(RPCDiagnostics, "rpc_diagnostics")
+    monitor, mode = "val/mIoU", "max"
+
+    def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(SegmentationOverlays, "overlays")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
 
@@ -35,13 +25,7 @@ def main(args: ArgsType = None) -> SegmentationCLI:
 
     Returns the CLI object (its ``trainer``, ``model`` and ``datamodule``) for use from Python.
     """
-    return SegmentationCLI(
-        SegmentationModule,
-        ADE20KDataModule,
-        args=args,
-        trainer_defaults={"plugins": [{"class_path": "kpca.vision_cls.checkpoint_io.AtomicCheckpointIO"}]},
-        save_config_kwargs={"overwrite": True},
-    )
+    return SegmentationCLI(SegmentationModule, ADE20KDataModule, args=args)
 
 
 def console_main() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 
-import timm
 import torch
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -21,7 +20,7 @@ from torch import nn
 
 from kpca.attention import AttentionSpec, swap_attention
 from kpca.vision_cls.checkpoints import load_weights
-from kpca.vision_cls.model import ARCHS
+from kpca.vision_cls.model import build_vit
 
 logger = logging.getLogger(__name__)
 
@@ -161,23 +160,20 @@ class Segmenter(nn.Module):
         init_strict: bool = True,
     ) -> None:
         super().__init__()
-        if arch not in ARCHS:
-            raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {arch!r}")
-        overrides = {"embed_dim": embed_dim, "depth": depth, "num_heads": num_heads}
-        self.vit = timm.create_model(
-            ARCHS[arch],
-            pretrained=False,
+        self.vit = build_vit(
+            arch,
+            attention,
+            embed_dim,
+            depth,
+            num_heads,
             num_classes=0,
             img_size=img_size,
             patch_size=patch_size,
             drop_path_rate=drop_path_rate,
             dynamic_img_size=True,
-            **{k: v for k, v in overrides.items() if v is not None},
         )
         self.attention = attention
         self.decoder_attention = decoder_attention or attention
-        if attention.kind != "softmax":
-            swap_attention(self.vit, attention)
         width = self.vit.embed_dim
         self.decoder = MaskTransformerHead(
             width,

@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import ArgsType, LightningCLI
+from lightning.pytorch.cli import ArgsType
 
-from kpca.vision_cls.callbacks import AttentionMaps, RPCDiagnostics
+from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.module import ClassificationModule
+from kpca.vision_cls.project_cli import ProjectCLI
 
 
-class VisionCLI(LightningCLI):
-    """Adds the project's callbacks (best/last checkpoints, RPC diagnostics, attention maps) and links."""
+class VisionCLI(ProjectCLI):
+    """Adds best/last checkpoints on ``val/acc1``, RPC diagnostics, attention maps, and the class-count link."""
 
-    def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val/acc1",
-                "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
-                "checkpoint.filename": "best-{epoch:03d}",
-                "checkpoint.auto_insert_metric_name": False,
-            }
-        )
-        parser.add_lightning_class_args(RPCDiagnostics, "rpc_diagnostics")
+    monitor, mode = "val/acc1", "max"
+
+    def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(AttentionMaps, "attention_maps")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
 
@@ -34,13 +25,7 @@ def main(args: ArgsType = None) -> VisionCLI:
 
     Returns the CLI object (its ``trainer``, ``model`` and ``datamodule``) for use from Python.
     """
-    return VisionCLI(
-        ClassificationModule,
-        ImageNetDataModule,
-        args=args,
-        trainer_defaults={"plugins": [{"class_path": "kpca.vision_cls.checkpoint_io.AtomicCheckpointIO"}]},
-        save_config_kwargs={"overwrite": True},
-    )
+    return VisionCLI(ClassificationModule, ImageNetDataModule, args=args)
 
 
 def console_main() -> None:

@@ -26,6 +26,30 @@ ARCHS = {
 }
 
 
+def build_vit(
+    arch: str,
+    attention: AttentionSpec,
+    embed_dim: int | None = None,
+    depth: int | None = None,
+    num_heads: int | None = None,
+    **timm_kwargs,
+) -> nn.Module:
+    """A randomly initialised timm DeiT (``arch`` in :data:`ARCHS`) with ``attention`` swapped in.
+
+    ``embed_dim``, ``depth`` and ``num_heads`` override the architecture's when given; ``timm_kwargs``
+    (``num_classes``, ``img_size``, ``patch_size``, ``drop_path_rate``, ...) go to ``timm.create_model``.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {arch!r}")
+    overrides = {"embed_dim": embed_dim, "depth": depth, "num_heads": num_heads}
+    vit = timm.create_model(
+        ARCHS[arch], pretrained=False, **{k: v for k, v in overrides.items() if v is not None}, **timm_kwargs
+    )
+    if attention.kind != "softmax":
+        swap_attention(vit, attention)
+    return vit
+
+
 class ViTClassifier(nn.Module):
     """DeiT / SymViT / RPC-SymViT classifier on pixel-space images.
 
@@ -70,22 +94,19 @@ class ViTClassifier(nn.Module):
         init_strict: bool = True,
     ) -> None:
         super().__init__()
-        if arch not in ARCHS:
-            raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {arch!r}")
-        overrides = {"embed_dim": embed_dim, "depth": depth, "num_heads": num_heads}
-        self.vit = timm.create_model(
-            ARCHS[arch],
-            pretrained=False,
+        self.vit = build_vit(
+            arch,
+            attention,
+            embed_dim,
+            depth,
+            num_heads,
             num_classes=num_classes,
             img_size=img_size,
             patch_size=patch_size,
             drop_path_rate=drop_path_rate,
             drop_rate=drop_rate,
-            **{k: v for k, v in overrides.items() if v is not None},
         )
         self.attention = attention
-        if attention.kind != "softmax":
-            swap_attention(self.vit, attention)
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
         if init_from is not None:
