@@ -31,11 +31,11 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
 import torch
+from harness import Check, check, spawn, write_report
 
 from kpca.attention import rpc_attention, softmax_attention
 from kpca.attention.reference import rpc_attention_reference
@@ -140,20 +140,12 @@ def pap_bandwidth() -> dict:
     return {"copy_gbs": copy_bytes / copy_ms / 1e6, "pap_step_gbs": step_bytes / step_ms / 1e6}
 
 
-def spawn(args: list[str]) -> dict:
-    """Run this script with ``args`` in a fresh interpreter and return the JSON it prints last."""
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{args} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def methods_for(device: str) -> tuple[str, ...]:
     """The methods compared on a device."""
     return ("sdpa", "rpc", "rpc_torch") if device == "cuda" else ("sdpa", "rpc", "reference")
 
 
-def target_checks(results: dict, device: str) -> list[tuple[str, float, str, float, bool]]:
+def target_checks(results: dict, device: str) -> list[Check]:
     """(name, value, comparison, target, passed) for each target whose cases ran."""
     if device == "cuda":
         specs = [
@@ -172,7 +164,7 @@ def target_checks(results: dict, device: str) -> list[tuple[str, float, str, flo
     for name, num, den, shape, key, factor, op, target in specs:
         if (num, shape) in results and (den, shape) in results:
             value = results[num, shape][key] / max(factor * results[den, shape][key], 1e-9)
-            checks.append((name, value, op, target, value <= target if op == "<=" else value >= target))
+            checks.append(check(name, value, op, target))
     return checks
 
 
@@ -225,20 +217,17 @@ def main() -> int:
     for shape in shapes:
         for method in methods_for(args.device):
             case = {"method": method, "shape": shape, "device": args.device}
-            results[method, tuple(shape)] = spawn(["--worker", json.dumps(case)])
+            results[method, tuple(shape)] = spawn(__file__, ["--worker", json.dumps(case)])
     checks = target_checks(results, args.device)
     if args.device == "cuda":
-        bandwidth = spawn(["--bandwidth-worker"])
+        bandwidth = spawn(__file__, ["--bandwidth-worker"])
         ratio = bandwidth["pap_step_gbs"] / bandwidth["copy_gbs"]
         name = f"bandwidth: fused PAP step {bandwidth['pap_step_gbs']:.0f} GB/s / copy {bandwidth['copy_gbs']:.0f} GB/s"
-        checks.append((name, ratio, ">=", 0.7, ratio >= 0.7))
+        checks.append(check(name, ratio, ">=", 0.7))
     report = render(results, checks, args.device)
     print(report, end="")
-    if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w") as f:
-            f.write(report)
-    return 1 if args.check and not all(check[-1] for check in checks) else 0
+    write_report(args.output, report)
+    return 1 if args.check and not all(passed for *_, passed in checks) else 0
 
 
 if __name__ == "__main__":

@@ -35,10 +35,10 @@ import argparse
 import itertools
 import json
 import math
-import os
-import subprocess
 import sys
 import time
+
+from harness import Check, check, spawn, write_report
 
 # torch, timm and Lightning are imported inside the worker functions: the parent only spawns workers and skips
 # their ~5 s of imports.
@@ -231,21 +231,17 @@ def run_case(case: dict) -> dict:
 
 def spawn_case(case: dict) -> dict:
     """Run :func:`run_case` in a fresh interpreter and return its result."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(case)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"case {case} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return spawn(__file__, ["--worker", json.dumps(case)])
 
 
-def target_checks(steps: dict, fits: dict) -> list[tuple[str, float, str, float, bool]]:
+def target_checks(steps: dict, fits: dict) -> list[Check]:
     """(name, value, comparison, target, passed) per target, from the best step times (ms) and images/s."""
     specs = [
         ("step time: rpc4-block0 / symmetric", steps["rpc4-block0"] / steps["symmetric"], "<=", 1.05),
         ("step time: rpc2-all / symmetric", steps["rpc2-all"] / steps["symmetric"], "<=", 1.20),
         ("throughput: lightning / plain", fits["lightning"] / fits["plain"], ">=", 0.95),
     ]
-    return [(name, v, op, t, v <= t if op == "<=" else v >= t) for name, v, op, t in specs]
+    return [check(*spec) for spec in specs]
 
 
 def render(step_runs: dict, fit_runs: dict, args: argparse.Namespace) -> tuple[str, bool]:
@@ -339,9 +335,7 @@ def main() -> int:
             fit_runs[loop].append(spawn_case({**fit_case, "loop": loop}))
     report, passed = render(step_runs, fit_runs, args)
     print(report, end="")
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(report)
+    write_report(args.output, report)
     return 1 if args.check and not passed else 0
 
 
