@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -14,25 +13,18 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from kpca.language_model.cli import LanguageModelCLI, main
+from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-CPU = CONFIGS / "trainer" / "cpu.yaml"
 SMOKE = CONFIGS / "language_model" / "smoke.yaml"
-NEW_CHECKPOINT_DIR = pytest.mark.filterwarnings("ignore:The dirpath has changed from")
 
 
 def run(*args: object) -> LanguageModelCLI:
-    """``main`` on ``args`` as from a shell; sys.argv is bare (LightningCLI warns when both are given), env restored."""
-    with mock.patch.object(sys, "argv", ["language-model"]), mock.patch.dict(os.environ):
-        return main([str(arg) for arg in args])
+    return run_cli(main, "language-model", *args)
 
 
 def smoke(root: Path, cache: Path, *extra: object) -> list[object]:
     """Options of a smoke run writing everything under ``root`` and reading the corpus cache ``cache``."""
-    return [
-        "-c", CPU, "-c", SMOKE, f"--data.cache_dir={cache}", f"--trainer.default_root_dir={root}",
-        f"--trainer.logger.init_args.save_dir={root / 'runs'}", "--trainer.enable_progress_bar=false", *extra,
-    ]  # fmt: skip
+    return smoke_options(SMOKE, root, cache, *extra)
 
 
 @pytest.mark.parametrize("experiment", sorted((CONFIGS / "language_model").glob("*.yaml")), ids=lambda p: p.stem)

@@ -1,11 +1,9 @@
 """The segmentation command: every config through --print_config, and real fits, tests and resumes (CPU)."""
 
 import csv
-import os
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -16,28 +14,20 @@ from kpca.segmentation.cli import SegmentationCLI, main
 from kpca.segmentation.model import Segmenter
 from kpca.segmentation.module import SegmentationModule
 from kpca.vision_cls.checkpoint_io import AtomicCheckpointIO
+from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
 
 pytestmark = pytest.mark.mmseg
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-CPU = CONFIGS / "trainer" / "cpu.yaml"
 SMOKE = CONFIGS / "segmentation" / "smoke.yaml"
-# Expected when a run loads a checkpoint: it logs into a new version folder, so ModelCheckpoint's dirpath moved.
-NEW_CHECKPOINT_DIR = pytest.mark.filterwarnings("ignore:The dirpath has changed from")
 
 
 def run(*args: object) -> SegmentationCLI:
-    """``main`` on ``args`` as from a shell; sys.argv is bare (LightningCLI warns when both are given), env restored."""
-    with mock.patch.object(sys, "argv", ["segmentation"]), mock.patch.dict(os.environ):
-        return main([str(arg) for arg in args])
+    return run_cli(main, "segmentation", *args)
 
 
 def smoke(root: Path, cache: Path, *extra: object) -> list[object]:
     """Options of a smoke run writing everything under ``root`` and reading the synthetic set from ``cache``."""
-    return [
-        "-c", CPU, "-c", SMOKE, f"--data.cache_dir={cache}", f"--trainer.default_root_dir={root}",
-        f"--trainer.logger.init_args.save_dir={root / 'runs'}", "--trainer.enable_progress_bar=false", *extra,
-    ]  # fmt: skip
+    return smoke_options(SMOKE, root, cache, *extra)
 
 
 @pytest.mark.parametrize("experiment", sorted((CONFIGS / "segmentation").glob("*.yaml")), ids=lambda p: p.stem)

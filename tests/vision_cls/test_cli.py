@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -16,29 +15,21 @@ from kpca.vision_cls.checkpoint_io import AtomicCheckpointIO
 from kpca.vision_cls.cli import VisionCLI, main
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
+from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-CPU = CONFIGS / "trainer" / "cpu.yaml"
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 
 # Expected in every fit of the smoke model: its EMA copy stays in eval mode on purpose (timm's ModelEmaV3).
 EMA_IN_EVAL_MODE = pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
-# Expected when a run loads a checkpoint: it logs into a new version folder, so ModelCheckpoint's dirpath moved.
-NEW_CHECKPOINT_DIR = pytest.mark.filterwarnings("ignore:The dirpath has changed from")
 
 
 def run(*args: object) -> VisionCLI:
-    """``main`` on ``args`` as from a shell; sys.argv is bare (LightningCLI warns when both are given), env restored."""
-    with mock.patch.object(sys, "argv", ["vision-cls"]), mock.patch.dict(os.environ):
-        return main([str(arg) for arg in args])
+    return run_cli(main, "vision-cls", *args)
 
 
 def smoke(root: Path, cache: Path, *extra: object) -> list[object]:
     """Options of a smoke run writing everything under ``root`` and reading the digits from ``cache``."""
-    return [
-        "-c", CPU, "-c", SMOKE, f"--data.cache_dir={cache}", f"--trainer.default_root_dir={root}",
-        f"--trainer.logger.init_args.save_dir={root / 'runs'}", "--trainer.enable_progress_bar=false", *extra,
-    ]  # fmt: skip
+    return smoke_options(SMOKE, root, cache, *extra)
 
 
 def printed_config(trainer: Path, experiment: Path, capsys: pytest.CaptureFixture) -> dict:
