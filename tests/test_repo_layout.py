@@ -1,5 +1,7 @@
-"""The monorepo's wiring: every distribution installs through dev.txt, and the tree is lint-clean."""
+"""The monorepo's wiring: every distribution installs through dev.txt, apps depend only on packages, lint is clean."""
 
+import importlib.metadata
+import re
 import shutil
 import subprocess
 import sys
@@ -7,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMBERS = sorted(p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob("*/*/pyproject.toml"))
@@ -35,3 +39,65 @@ def test_ruff(command):
     assert ruff is not None, "ruff is missing from the environment; install requirements/dev.txt"
     result = subprocess.run([ruff, *command], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+APPS = sorted(p.name for p in (ROOT / "apps").iterdir() if (p / "pyproject.toml").is_file())
+VISION_DEPENDENCIES = {"timm", "torchvision", "imagecorruptions-imaug"}
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_no_app_imports_another_app(app: str):
+    others = [other for other in APPS if other != app]
+    pattern = re.compile(rf"\bkpca\.({'|'.join(others)})\b")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted((ROOT / "apps" / app).rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if pattern.search(line)
+    ]
+    assert not offenders, "apps depend on packages, never on each other; move shared code to packages/:\n" + "\n".join(
+        offenders
+    )
+
+
+def _requirement_closure(distribution: str) -> set[str]:
+    """Names of the distributions that installing ``distribution`` (no extras) pulls in, read from the metadata."""
+    seen: set[str] = set()
+    todo = [(distribution, frozenset())]
+    while todo:
+        name, extras = todo.pop()
+        key = canonicalize_name(name)
+        if key in seen and not extras:
+            continue
+        seen.add(key)
+        for text in importlib.metadata.requires(name) or []:
+            requirement = Requirement(text)
+            environment = [{"extra": extra} for extra in extras] or [{"extra": ""}]
+            if requirement.marker is None or any(requirement.marker.evaluate(env) for env in environment):
+                todo.append((requirement.name, frozenset(requirement.extras)))
+    return seen
+
+
+def test_the_language_model_installs_no_vision_dependency():
+    closure = _requirement_closure("kpca-language-model")
+    assert {"kpca-attention", "kpca-training", "torch", "lightning", "sentencepiece"} <= closure
+    assert not closure & {canonicalize_name(n) for n in VISION_DEPENDENCIES | {"kpca-vision-cls"}}, sorted(closure)
+    for app in ("kpca-vision-cls", "kpca-segmentation"):  # the ViT apps get kpca.training.vision's extra
+        assert {"timm", "torchvision", "imagecorruptions-imaug"} <= _requirement_closure(app)
+
+
+@pytest.mark.slow
+def test_the_language_model_fits_without_importing_vision_code(tmp_path: Path):
+    # torchvision is left out of the check: torchmetrics imports it whenever it is installed, whoever asks.
+    script = (
+        "import sys\n"
+        "from kpca.language_model.cli import main\n"
+        f"main(['fit', '-c', 'configs/trainer/cpu.yaml', '-c', 'configs/language_model/smoke.yaml',"
+        f" '--trainer.fast_dev_run=1', '--trainer.enable_progress_bar=false', '--data.cache_dir={tmp_path}',"
+        f" '--trainer.default_root_dir={tmp_path}'])\n"
+        "vision = {'timm', 'imagecorruptions', 'sklearn', 'kpca.vision_cls', 'kpca.training.vision'}\n"
+        "print(sorted(name for name in sys.modules if name in vision))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:]

@@ -20,6 +20,28 @@ def test_build_each_kind():
     assert AttentionSpec().block_indices(3) == [0, 1, 2]
 
 
+@pytest.mark.parametrize("layers", ["all", [2, 0]])
+def test_per_block_rpc_makes_the_other_blocks_symmetric(layers):
+    spec = AttentionSpec(kind="rpc", n_iter=2, layers=layers, backend="torch")
+    blocks = spec.per_block(4)
+    chosen = [0, 1, 2, 3] if layers == "all" else [0, 2]
+    assert len(blocks) == 4
+    assert all(blocks[i] is spec for i in chosen)
+    rest = [b for i, b in enumerate(blocks) if i not in chosen]
+    assert all(b == AttentionSpec(kind="symmetric", backend="torch") for b in rest)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "symmetric"])
+def test_per_block_softmax_and_symmetric_leave_the_other_blocks(kind):
+    spec = AttentionSpec(kind=kind, layers=[1])
+    assert spec.per_block(3) == [None, spec, None]
+    assert spec.per_block(3)[1] is spec
+    everywhere = AttentionSpec(kind=kind)
+    assert everywhere.per_block(2) == [everywhere, everywhere]
+    with pytest.raises(ValueError, match=r"layers \[1\] out of range for a model with 1 blocks"):
+        spec.per_block(1)
+
+
 class TinyModel(pl.LightningModule):
     def __init__(self, attention: AttentionSpec = AttentionSpec(), width: int = 24) -> None:  # noqa: B008
         super().__init__()

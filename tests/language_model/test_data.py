@@ -2,6 +2,7 @@
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -89,6 +90,20 @@ def test_datamodule_on_the_builtin_corpus_prepares_clean_and_attacked_sets(lm_ca
     assert len(loaders) == 4 and len(loaders[0].dataset) == math.ceil((n_valid - 32) / 16) + 1  # stride N / 2
     prompt, ids = datamodule.predict_dataloader().dataset[0]
     assert prompt == "The" and ids.ndim == 1
+
+
+def test_batch_size_is_global_and_split_over_the_processes(lm_cache_dir: Path):
+    datamodule = builtin_datamodule(lm_cache_dir, word_swap=None)
+    datamodule.trainer = SimpleNamespace(world_size=2, global_rank=1)
+    datamodule.setup("fit")
+    assert datamodule.batch_size_per_device == 2
+    assert next(iter(datamodule.train_dataloader()))[0].shape == (2, 32)
+    assert datamodule.val_dataloader().batch_size == 2  # evaluation: per device, default the training share
+    datamodule.eval_batch_size = 5
+    assert datamodule.val_dataloader().batch_size == 5
+    datamodule.trainer = SimpleNamespace(world_size=3, global_rank=0)
+    with pytest.raises(ValueError, match=r"batch_size=4 .* world_size=3 .* data.batch_size to a multiple of 3"):
+        datamodule.setup("fit")
 
 
 def test_without_word_swap_test_evaluates_the_clean_splits_only(lm_cache_dir: Path):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention
-from kpca.language_model.model import CausalTransformerLM, block_attention_specs, sinusoidal_positions
+from kpca.language_model.model import CausalTransformerLM, sinusoidal_positions
 
 RPC_ALL = AttentionSpec(kind="rpc", n_iter=2, layers="all")
 SPECS = {
@@ -61,8 +61,10 @@ def test_blocks_get_the_spec_in_chosen_layers_and_the_baseline_elsewhere():
     assert isinstance(model.blocks[0].attn, RPCAttention) and model.blocks[0].attn.n_iter == 6
     assert all(type(b.attn) is SoftmaxAttention and b.attn.symmetric for b in model.blocks[1:])
     assert all(b.attn.is_causal for b in model.blocks)
-    kinds = [s.kind for s in block_attention_specs(AttentionSpec(kind="symmetric", layers=[1]), 3)]
-    assert kinds == ["softmax", "symmetric", "softmax"]
+    model = tiny(AttentionSpec(kind="symmetric", layers=[1], backend="torch"))
+    assert [type(b.attn) for b in model.blocks] == [SoftmaxAttention] * 3
+    assert [b.attn.symmetric for b in model.blocks] == [False, True, False]
+    assert all(b.attn.backend == "torch" for b in model.blocks)
 
 
 def test_parameter_count_of_the_paper_model():

@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from kpca.segmentation.cli import SegmentationCLI, main
 from kpca.segmentation.model import Segmenter
 from kpca.segmentation.module import SegmentationModule
-from kpca.vision_cls.checkpoint_io import AtomicCheckpointIO
+from kpca.training.checkpoint_io import AtomicCheckpointIO
 from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
 
 pytestmark = pytest.mark.mmseg
@@ -55,7 +55,7 @@ def test_fast_dev_run(tmp_path: Path, seg_cache_dir: Path):
 def short_fit(tmp_path_factory: pytest.TempPathFactory, seg_cache_dir: Path) -> SegmentationCLI:
     """One epoch of 3 steps and a validation of the 4 images, logging every step."""
     root = tmp_path_factory.mktemp("short_fit")
-    return run("fit", *smoke(root, seg_cache_dir), "--trainer.limit_train_batches=3")
+    return run("fit", *smoke(root, seg_cache_dir), "--trainer.limit_train_batches=3", "--throughput.window_size=2")
 
 
 def test_fit_writes_best_and_last_checkpoints_atomically(short_fit: SegmentationCLI):
@@ -70,7 +70,8 @@ def test_fit_logs_losses_miou_rpc_diagnostics_and_overlays(short_fit: Segmentati
     events.Reload()
     scalars, images = set(events.Tags()["scalars"]), set(events.Tags()["images"])
     assert {"train/loss_step", "train/loss_epoch", "train/lr", "val/loss", "val/mIoU", "val/mAcc"} <= scalars
-    assert {"train/rpc/blocks.0/residual", "train/rpc/net.decoder.blocks.0/residual"} <= scalars
+    assert "train/device/samples_per_sec" in scalars
+    assert {"train/rpc/vit.blocks.0/residual", "train/rpc/decoder.blocks.0/residual"} <= scalars  # one tag rule
     assert images == {"predictions/ADE_val_00000000", "predictions/ADE_val_00000001"}
     panel = events.Images("predictions/ADE_val_00000000")[-1]
     assert (panel.width, panel.height) == (3 * 48, 48)  # image | ground truth | prediction, original size

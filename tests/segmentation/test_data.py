@@ -12,7 +12,6 @@ from kpca.segmentation.data import (
     ADE20KDataModule,
     CorruptImage,
     MMSegDataset,
-    UnpaddedDistributedSampler,
     build_transforms,
     eval_pipeline,
     train_pipeline,
@@ -115,9 +114,3 @@ def test_eval_sets_are_clean_then_each_corruption_and_severity(tmp_path: Path):
     assert datamodule.num_classes == 150 and len(datamodule.palette) == 150
     with pytest.raises(ValueError, match="severities"):
         ADE20KDataModule(root=tmp_path, severities=[6])
-
-
-def test_unpadded_distributed_sampler_counts_every_image_once():
-    shards = [list(UnpaddedDistributedSampler(range(7), num_replicas=3, rank=r)) for r in range(3)]
-    assert shards == [[0, 3, 6], [1, 4], [2, 5]]
-    assert [len(UnpaddedDistributedSampler(range(7), 3, r)) for r in range(3)] == [3, 2, 2]

@@ -7,7 +7,7 @@ import torch
 
 from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention
 from kpca.segmentation.model import MaskTransformerHead, Segmenter
-from kpca.vision_cls.model import ViTClassifier
+from kpca.training.vision.vit import build_vit
 
 pytestmark = pytest.mark.mmseg
 
@@ -57,11 +57,11 @@ def test_unknown_arch_is_rejected():
 
 
 def test_init_from_a_classifier_checkpoint_skips_the_head_and_interpolates_pos_embed(tmp_path: Path):
-    classifier = ViTClassifier(num_classes=10, attention=AttentionSpec(kind="symmetric"), **{**TINY, "img_size": 16})
-    path = tmp_path / "classifier.ckpt"
-    torch.save({"state_dict": {f"net.{k}": v for k, v in classifier.state_dict().items()}}, path)
+    vit = build_vit("deit_tiny", AttentionSpec(kind="symmetric"), num_classes=10, **{**TINY, "img_size": 16})
+    path = tmp_path / "classifier.ckpt"  # a vision-cls checkpoint: the classifier's ViT under net.vit.
+    torch.save({"state_dict": {f"net.vit.{k}": v for k, v in vit.state_dict().items()}}, path)
     net = Segmenter(num_classes=5, attention=RPC, init_from=str(path), **TINY)  # 2 x 2 grid -> 4 x 4 grid
-    torch.testing.assert_close(net.vit.blocks[0].attn.qkv.weight, classifier.vit.blocks[0].attn.qkv.weight)
+    torch.testing.assert_close(net.vit.blocks[0].attn.qkv.weight, vit.blocks[0].attn.qkv.weight)
     assert net.vit.pos_embed.shape == (1, 17, 32)
     with pytest.raises(ValueError, match="shape mismatch") as info:
         Segmenter(num_classes=5, init_from=str(path), **{**TINY, "embed_dim": 64})

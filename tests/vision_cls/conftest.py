@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kpca.vision_cls.data import write_digits_imagefolder
+from kpca.vision_cls.builtin_data import write_digits_imagefolder
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from kpca.vision_cls.checkpoint_io import AtomicCheckpointIO
+from kpca.training.checkpoint_io import AtomicCheckpointIO
 from kpca.vision_cls.cli import VisionCLI, main
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
@@ -70,7 +70,7 @@ def short_fit(tmp_path_factory: pytest.TempPathFactory, digits_cache_dir: Path) 
     root = tmp_path_factory.mktemp("short_fit")
     return run(
         "fit", *smoke(root, digits_cache_dir), "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
-        "--trainer.log_every_n_steps=1", "--rpc_diagnostics.every_n_steps=1",
+        "--trainer.log_every_n_steps=1", "--rpc_diagnostics.every_n_steps=1", "--throughput.window_size=2",
     )  # fmt: skip
 
 
@@ -87,14 +87,15 @@ def test_fit_logs_losses_accuracy_rpc_diagnostics_and_attention_maps(short_fit: 
     events = EventAccumulator(short_fit.trainer.log_dir, size_guidance={"images": 0})
     events.Reload()
     scalars, images = set(events.Tags()["scalars"]), set(events.Tags()["images"])
-    assert {"train/loss_step", "train/loss_epoch", "train/lr", "val/acc1", "val/acc5", "val/ema_acc1"} <= scalars
+    assert {"train/loss_step", "train/loss_epoch", "val/acc1", "val/acc5", "val/ema_acc1"} <= scalars
+    assert {"train/lr/decay", "train/lr/no_decay", "train/device/samples_per_sec"} <= scalars  # Lightning's monitors
     assert {
-        "train/rpc/blocks.0/nonzero_S",
-        "train/rpc/blocks.0/residual",
-        "train/rpc/blocks.0/residual_first",
-    } <= scalars
-    assert not any(tag.startswith("train/rpc/blocks.1") for tag in scalars)  # block 1 is symmetric softmax
-    assert [e.step for e in events.Scalars("train/rpc/blocks.0/residual")] == [0, 1, 2]
+        "train/rpc/vit.blocks.0/nonzero_S",
+        "train/rpc/vit.blocks.0/residual",
+        "train/rpc/vit.blocks.0/residual_first",
+    } <= scalars  # tags: the layer's path in the module's network
+    assert not any(tag.startswith("train/rpc/vit.blocks.1") for tag in scalars)  # block 1 is symmetric softmax
+    assert [e.step for e in events.Scalars("train/rpc/vit.blocks.0/residual")] == [0, 1, 2]
     assert images == {"attention/block0", "attention/block-1"}
     maps = events.Images("attention/block0")[-1]
     assert (maps.width, maps.height) == (4 * 64, 32)  # 4 images, each beside its attention map

@@ -10,15 +10,10 @@ from PIL import Image
 from timm.data.distributed_sampler import RepeatAugSampler as TimmRepeatAugSampler
 from torch.utils.data import DistributedSampler
 
-from kpca.vision_cls.data import (
-    CorruptedDataset,
-    EvalSet,
-    ImageNetDataModule,
-    PixelSpaceRandomErasing,
-    RepeatAugSampler,
-    per_device_batch_size,
-    write_digits_imagefolder,
-)
+from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
+from kpca.vision_cls.builtin_data import write_digits_imagefolder
+from kpca.vision_cls.corrupted import CorruptedDataset
+from kpca.vision_cls.data import EvalSet, ImageNetDataModule
 
 A_WNIDS = ["n01770081", "n01784675"]  # in the ImageNet-A and the ImageNet-O class lists
 NOT_A_WNID = "n01440764"  # tench: in neither
@@ -119,12 +114,6 @@ def test_layout_errors_name_the_path_and_layout(tmp_path: Path, imagenet: Path):
     (imagenet / "val" / "n09999999").mkdir()
     with pytest.raises(ValueError, match=r"only in val: \['n09999999'\]"):
         ImageNetDataModule(root=str(imagenet)).prepare_data()
-
-
-def test_batch_size_divisibility():
-    assert per_device_batch_size(1024, 8) == 128
-    with pytest.raises(ValueError, match=r"batch_size=1000 .* world_size=3 .* multiple of 3, e.g. 999"):
-        per_device_batch_size(1000, 3)
 
 
 def test_setup_splits_the_global_batch(imagenet: Path):

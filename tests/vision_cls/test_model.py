@@ -8,7 +8,7 @@ import timm
 import torch
 
 from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention, swap_attention
-from kpca.vision_cls.checkpoints import load_weights
+from kpca.training.vision.checkpoints import load_weights
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
 

@@ -1,6 +1,5 @@
 """Robustness metrics on hand-made numbers (CPU, no downloads): mCE, 200-class subsets, OOD AUPR, report files."""
 
-import csv
 import math
 
 import pytest
@@ -22,7 +21,6 @@ from kpca.vision_cls.robustness import (
     subset_indices,
     subset_synsets,
     to_subset_labels,
-    write_report,
 )
 
 
@@ -193,39 +191,3 @@ def test_ood_aupr_rejects_bad_scores():
         ood_aupr(torch.tensor([0.1]), torch.tensor([]))
     with pytest.raises(ValueError, match="scores_in contains NaN"):
         ood_aupr(torch.tensor([math.nan]), torch.tensor([0.1]))
-
-
-def test_write_report(tmp_path):
-    rows = [
-        {"model": "deit_tiny", "attack": "pgd", "eps": 1 / 255, "acc1": 0.5},
-        {"model": "rpc|symvit", "attack": "fgsm", "eps": 2 / 255, "acc1": None, "note": "x"},
-    ]
-    md_path, csv_path = write_report(rows, tmp_path / "reports", "attacks")
-    assert md_path == tmp_path / "reports" / "attacks.md" and csv_path == tmp_path / "reports" / "attacks.csv"
-    assert md_path.read_text() == (
-        "| model | attack | eps | acc1 | note |\n"
-        "| --- | --- | --- | --- | --- |\n"
-        "| deit_tiny | pgd | 0.0039 | 0.5000 |  |\n"
-        "| rpc\\|symvit | fgsm | 0.0078 |  | x |\n"
-    )
-    with csv_path.open(newline="") as stream:
-        read = list(csv.DictReader(stream))
-    assert list(read[0]) == ["model", "attack", "eps", "acc1", "note"]
-    assert read[0]["eps"] == repr(1 / 255) and read[1]["acc1"] == "" and read[1]["model"] == "rpc|symvit"
-    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["attacks.csv", "attacks.md"]
-    write_report(rows[:1], tmp_path / "reports", "attacks")
-    assert md_path.read_text().count("\n") == 3
-
-
-@pytest.mark.parametrize(
-    ("rows", "name", "error", "match"),
-    [
-        ([], "r", ValueError, "rows is empty"),
-        ([{"a": 1}], "../r", ValueError, "plain file stem.*'../r'"),
-        ([{"a": 1}], "", ValueError, "plain file stem"),
-        ([["a", 1]], "r", TypeError, "each row must be a mapping"),
-    ],
-)
-def test_write_report_rejects_bad_input(tmp_path, rows, name, error, match):
-    with pytest.raises(error, match=match):
-        write_report(rows, tmp_path, name)

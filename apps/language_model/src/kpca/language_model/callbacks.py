@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -10,7 +11,9 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from kpca.vision_cls._atomic import write_atomic
+from kpca.training.files import write_atomic
+
+logger = logging.getLogger(__name__)
 
 
 class SampleText(pl.Callback):
@@ -38,7 +41,7 @@ class SampleText(pl.Callback):
 
 
 class TextPredictionWriter(BasePredictionWriter):
-    """Write ``predict``'s prompts and continuations to ``<log dir>/predictions.jsonl`` and print them."""
+    """Write ``predict``'s prompts and continuations to ``<log dir>/predictions.jsonl`` and log them (INFO)."""
 
     def __init__(self) -> None:
         super().__init__(write_interval="epoch")
@@ -50,5 +53,5 @@ class TextPredictionWriter(BasePredictionWriter):
         rows = [row for batch in predictions for row in (batch if isinstance(batch, list) else [batch])]
         write_atomic(path, lambda f: f.writelines(json.dumps(row) + "\n" for row in rows), mode="w", encoding="utf-8")
         for row in rows:
-            print(f"--- {row['prompt']!r}\n{row['text']}")
-        print(f"predictions written to {path}")
+            logger.info("--- %r\n%s", row["prompt"], row["text"])
+        logger.info("predictions written to %s", path)

@@ -7,13 +7,14 @@ from lightning.pytorch.cli import ArgsType
 from kpca.language_model.callbacks import SampleText, TextPredictionWriter
 from kpca.language_model.data import WikiTextDataModule
 from kpca.language_model.module import LanguageModelModule
-from kpca.vision_cls.project_cli import ProjectCLI
+from kpca.training.cli import ProjectCLI, batch_size, batch_tokens
 
 
 class LanguageModelCLI(ProjectCLI):
-    """Adds best/last checkpoints on ``val/ppl``, RPC diagnostics, sampled text and the prediction writer; links."""
+    """Adds best/last checkpoints on ``val/ppl``, sampled text, the prediction writer and links (to ProjectCLI's)."""
 
     monitor, mode, best_filename = "val/ppl", "min", "best-{step:07d}"
+    throughput = (batch_size, batch_tokens)  # ThroughputMonitor logs tokens/s as items_per_sec
 
     def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(SampleText, "sample_text")

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from kpca.vision_cls._atomic import write_atomic
+from kpca.training.files import write_atomic
 
 SPLITS = ("train", "valid", "test")
 BUILTIN_FRACTIONS = {"train": 0.9, "valid": 0.05, "test": 0.05}

@@ -17,13 +17,13 @@ from pathlib import Path
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
 from kpca.language_model.corpus import SPLITS, check_layout, count_words, split_file, write_builtin_corpus
 from kpca.language_model.tokenizer import Tokenizer, TokenizerConfig, file_digest, iter_lines, train_tokenizer
 from kpca.language_model.word_swap import WordSwap, word_swap
-from kpca.vision_cls._atomic import write_atomic
+from kpca.training.data import UnpaddedDistributedSampler, per_device_batch_size
+from kpca.training.files import write_atomic
 
 BUILTIN = "builtin"
 HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
@@ -177,8 +177,10 @@ class WikiTextDataModule(pl.LightningDataModule):
         cache_dir: where the corpus copy, tokenizer and token arrays are cached.
         tokenizer: sentencepiece settings (the model trains on the train split once per setting).
         context: tokens per training block and evaluation window (N).
-        batch_size: training blocks per device and step (the paper: 96 in all).
-        eval_batch_size: windows per device in evaluation (default: ``batch_size``).
+        batch_size: training blocks per step over all devices and nodes (the global batch; the paper: 96);
+            each process loads ``batch_size // world_size`` (setup raises ValueError if it does not divide).
+        eval_batch_size: evaluation windows per device and step (as segmentation's; default: the per-device
+            training batch). Evaluation batches do not change the result, so they are not split.
         eval_stride: tokens between evaluation windows (default: N / 2).
         num_workers: DataLoader workers per device.
         word_swap: the attack evaluated by ``test`` beside the clean text (None: clean only).
@@ -213,7 +215,8 @@ class WikiTextDataModule(pl.LightningDataModule):
         self.cache_dir = Path(cache_dir).expanduser()
         self.tokenizer_config = tokenizer
         self.context, self.batch_size = context, batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
+        self.eval_batch_size = eval_batch_size
+        self.batch_size_per_device = batch_size
         self.eval_stride = eval_stride or max(context // 2, 1)
         self.word_swap = word_swap
         self.tokenizer: Tokenizer | None = None
@@ -276,6 +279,9 @@ class WikiTextDataModule(pl.LightningDataModule):
         self._load()
 
     def setup(self, stage: str) -> None:
+        """Load the tokenizer and token arrays, and split the global batches over the processes."""
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        self.batch_size_per_device = per_device_batch_size(self.batch_size, world_size)
         self._load()
 
     def _load(self) -> None:
@@ -299,7 +305,7 @@ class WikiTextDataModule(pl.LightningDataModule):
         return path
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(TokenBlocks(self.arrays["train"], self.context), self.batch_size, shuffle=True)
+        return self._loader(TokenBlocks(self.arrays["train"], self.context), self.batch_size_per_device, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("valid")
@@ -316,8 +322,8 @@ class WikiTextDataModule(pl.LightningDataModule):
         sampler = None
         trainer = self.trainer
         if trainer is not None and trainer.world_size > 1:  # each window on exactly one rank, none repeated
-            sampler = UnrepeatedDistributedSampler(windows, trainer.world_size, trainer.global_rank, shuffle=False)
-        return self._loader(windows, self.eval_batch_size, shuffle=False, sampler=sampler)
+            sampler = UnpaddedDistributedSampler(windows, trainer.world_size, trainer.global_rank)
+        return self._loader(windows, self.eval_batch_size or self.batch_size_per_device, shuffle=False, sampler=sampler)
 
     def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool, sampler=None) -> DataLoader:
         workers = self.hparams.num_workers

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from kpca.language_model.cli import main
-from kpca.vision_cls._atomic import write_atomic
+from kpca.training.files import write_atomic
 
 logger = logging.getLogger("kpca.language_model.demo")
 

@@ -19,17 +19,6 @@ from kpca.attention import AttentionSpec
 NormPosition = Literal["pre", "post"]
 
 
-def block_attention_specs(spec: AttentionSpec, depth: int) -> list[AttentionSpec]:
-    """The attention of each of ``depth`` blocks: ``spec`` in ``spec.layers``, the baseline elsewhere.
-
-    An RPC model is a symmetric model with PAP in the chosen blocks (as in ``swap_attention``); a
-    ``softmax`` or ``symmetric`` spec restricted to some layers leaves the other blocks asymmetric.
-    """
-    chosen = set(spec.block_indices(depth))
-    rest = AttentionSpec(kind="symmetric" if spec.kind == "rpc" else "softmax", backend=spec.backend)
-    return [spec if i in chosen else rest for i in range(depth)]
-
-
 class FeedForward(nn.Module):
     """Position-wise MLP: Linear(C, F) -> GELU -> dropout -> Linear(F, C)."""
 
@@ -93,7 +82,8 @@ class CausalTransformerLM(nn.Module):
         num_heads: attention heads (C must be divisible by it).
         ffn_dim: hidden width of the feed-forward layers.
         dropout: dropout on embeddings, attention probabilities and residual branches.
-        attention: which attention, and in which blocks (see :func:`block_attention_specs`).
+        attention: which attention, and in which blocks (see ``AttentionSpec.per_block``); blocks it
+            leaves as they are get the baseline, asymmetric softmax attention.
         norm_position: ``post`` (LayerNorm after each residual sum, the paper) or ``pre``
             (LayerNorm on each branch input, plus a final LayerNorm).
         positions: ``sinusoidal`` (fixed) or ``learned`` position embeddings.
@@ -131,9 +121,10 @@ class CausalTransformerLM(nn.Module):
         else:
             self.register_buffer("pos_embed", sinusoidal_positions(context, width), persistent=False)
         self.drop = nn.Dropout(dropout)
+        baseline = AttentionSpec(kind="softmax", backend=attention.backend)  # the blocks per_block leaves as they are
         self.blocks = nn.ModuleList(
-            DecoderBlock(width, num_heads, ffn_dim, dropout, spec, norm_position)
-            for spec in block_attention_specs(attention, depth)
+            DecoderBlock(width, num_heads, ffn_dim, dropout, baseline if spec is None else spec, norm_position)
+            for spec in attention.per_block(depth)
         )
         self.norm = nn.LayerNorm(width) if norm_position == "pre" else nn.Identity()
         self.head = nn.Linear(width, vocab_size, bias=False)

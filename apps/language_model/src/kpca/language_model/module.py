@@ -5,18 +5,16 @@ Legend: B batch, N context, V vocabulary.
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass
 
-import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
 from kpca.language_model.perplexity import NLLTotals, perplexity_rows, write_perplexity_report
-from kpca.vision_cls.rng_state import RNGStateCheckpointing
+from kpca.training.module import NetModule
+from kpca.training.optim import parameter_groups, warmup_cosine
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class Generation:
     seed: int = 0
 
 
-class LanguageModelModule(RNGStateCheckpointing, pl.LightningModule):
+class LanguageModelModule(NetModule):
     """Next-token training with warm-up then cosine decay; sliding-window perplexity; text generation.
 
     Gradient clipping (the paper: 0.25) and precision (bf16) are Trainer settings in the YAML files.
@@ -59,18 +57,11 @@ class LanguageModelModule(RNGStateCheckpointing, pl.LightningModule):
         weight_decay_norms_and_biases: bool = False,
         generation: Generation = Generation(),  # noqa: B008 (frozen dataclass)
     ) -> None:
-        super().__init__()
         if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"need warmup_steps >= 0 and min_lr_ratio in [0, 1], got {warmup_steps}, {min_lr_ratio}")
-        self.save_hyperparameters(ignore=["net"])
-        if "_instantiator" in self.hparams:
-            # Built by LightningCLI: save the parsed net config so that load_from_checkpoint rebuilds it.
-            self.save_hyperparameters()
-        self.net = net
-        self.optimizer_factory = optimizer
+        super().__init__(net, optimizer)
         self.generation = generation
         self.eval_totals = nn.ModuleDict()
-        self._batch_start = 0.0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, N) token ids -> (B, N, V) logits."""
@@ -83,15 +74,6 @@ class LanguageModelModule(RNGStateCheckpointing, pl.LightningModule):
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         self.log("train/ppl", torch.exp(loss.detach()), on_step=True, on_epoch=False)
         return loss
-
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        self._batch_start = time.perf_counter()
-
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        elapsed = time.perf_counter() - self._batch_start
-        tokens = batch[0].numel() * self.trainer.world_size
-        self.log("train/tokens_per_sec", tokens / max(elapsed, 1e-9), on_step=True, on_epoch=False)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
 
     def _start_eval(self, stage: str) -> None:
         self.eval_names = self.trainer.datamodule.eval_names(stage)
@@ -133,9 +115,9 @@ class LanguageModelModule(RNGStateCheckpointing, pl.LightningModule):
             name = row["set"]
             self.log(f"test/{name}/ppl", row["ppl_word"], add_dataloader_idx=False, sync_dist=True)
             self.log(f"test/{name}/ppl_token", row["ppl_token"], add_dataloader_idx=False, sync_dist=True)
-        log_dir = self.trainer.log_dir or self.trainer.default_root_dir  # a collective: every rank asks
+        report_dir = self.report_dir()  # a collective: every rank asks
         if self.trainer.is_global_zero:
-            write_perplexity_report(rows, log_dir)
+            write_perplexity_report(rows, report_dir)
 
     def generate_text(self, prompts: list[str]) -> list[str]:
         """Continue each prompt with the ``generation`` settings; returns the prompts with their continuations."""
@@ -159,27 +141,11 @@ class LanguageModelModule(RNGStateCheckpointing, pl.LightningModule):
 
     def configure_optimizers(self):
         """The optimizer over decay / no-decay groups with a per-step linear warm-up and cosine decay."""
-        optimizer = self.optimizer_factory(self._parameter_groups())
+        groups = parameter_groups(self.net, decay_everything=self.hparams.weight_decay_norms_and_biases)
+        optimizer = self.optimizer_factory(groups)
         total = max(int(self.trainer.estimated_stepping_batches), 1)  # honours max_steps and max_epochs
         warmup = min(self.hparams.warmup_steps, total)
-        floor = self.hparams.min_lr_ratio
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
+        factor = warmup_cosine(total, warmup, floor=self.hparams.min_lr_ratio, warmup_offset=1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def _parameter_groups(self) -> list[dict]:
-        """Biases, norms and position embeddings get no weight decay unless asked (weight decay 0 makes it moot)."""
-        if self.hparams.weight_decay_norms_and_biases:
-            return [{"params": [p for p in self.net.parameters() if p.requires_grad]}]
-        skip = self.net.no_weight_decay() if hasattr(self.net, "no_weight_decay") else set()
-        decay, no_decay = [], []
-        for name, param in self.net.named_parameters():
-            if param.requires_grad:
-                (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
-        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        schedule = {"scheduler": scheduler, "interval": "step", "name": "train/lr"}  # the LearningRateMonitor tag
+        return {"optimizer": optimizer, "lr_scheduler": schedule}

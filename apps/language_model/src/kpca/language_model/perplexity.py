@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import torch
 from torchmetrics import Metric
 
-from kpca.vision_cls.robustness import write_report
+from kpca.training.reports import write_report
 
 
 class NLLTotals(Metric):
@@ -74,4 +74,4 @@ def write_perplexity_report(rows: list[dict], out_dir: str | os.PathLike[str]) -
     for row in rows:
         base = clean.get(row["set"].removesuffix("_wordswap"))
         row["ppl_word_vs_clean"] = row["ppl_word"] / base["ppl_word"] if base else None
-    write_report(rows, out_dir, "perplexity")
+    write_report(rows, out_dir, "perplexity", show=True)

@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
+
+from kpca.training.files import write_tree_atomic
 
 UNK_ID, EOS_ID = 0, 1
 _HASH_CHUNK = 1 << 24
@@ -131,11 +131,8 @@ def train_tokenizer(
     key = hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(cache_dir).expanduser() / "tokenizers" / f"{config.model_type}{config.vocab_size}-{key}"
     model_file = folder / "spm.model"
-    if model_file.exists():
-        return Tokenizer(model_file)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
+
+    def write(tmp: Path) -> None:
         with open(os.devnull, "w") as quiet:
             spm.SentencePieceTrainer.train(
                 input=str(train_file),
@@ -155,11 +152,6 @@ def train_tokenizer(
                 logstream=quiet,
             )
         (tmp / "inputs.json").write_text(json.dumps(key_source, indent=2, sort_keys=True))
-        try:
-            tmp.rename(folder)
-        except OSError:  # another process finished first: use its model
-            if not model_file.exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_tree_atomic(folder, model_file.name, write, what="tokenizer folder")  # spm.model marks a complete folder
     return Tokenizer(model_file)

@@ -23,7 +23,7 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 
-from kpca.vision_cls._atomic import write_tree_atomic
+from kpca.training.files import write_tree_atomic
 
 OUTLINES = ("disc", "square", "triangle", "ring")
 TEXTURES = ("stripes", "checker")

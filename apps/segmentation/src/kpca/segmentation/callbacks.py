@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
 
-from kpca.vision_cls.callbacks import tensorboard_writer
+from kpca.training.callbacks import tensorboard_writer
 
 IGNORE_INDEX = 255
 

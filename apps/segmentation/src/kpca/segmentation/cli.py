@@ -7,7 +7,7 @@ from lightning.pytorch.cli import ArgsType
 from kpca.segmentation.callbacks import SegmentationOverlays
 from kpca.segmentation.data import ADE20KDataModule
 from kpca.segmentation.module import SegmentationModule
-from kpca.vision_cls.project_cli import ProjectCLI
+from kpca.training.cli import ProjectCLI
 
 
 class SegmentationCLI(ProjectCLI):

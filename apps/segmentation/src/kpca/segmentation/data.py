@@ -14,7 +14,7 @@ DataLoader workers unpickle lives here, so spawned workers import the shim befor
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -25,20 +25,22 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from mmseg.datasets import ADE20KDataset
 from mmseg.registry import TRANSFORMS
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
 from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
-from kpca.vision_cls.data import check_corruptions, corrupt_seeded, default_cache_dir, per_device_batch_size
+from kpca.training.data import (
+    UnpaddedDistributedSampler,
+    default_cache_dir,
+    evenly_spaced,
+    per_device_batch_size,
+    require_built,
+)
+from kpca.training.vision.corruptions import IMAGENET_C_CORRUPTIONS, check_corruptions, corrupt_seeded
 
 ADE20K_LAYOUT = (
     "root/images/{training,validation}/*.jpg and root/annotations/{training,validation}/*.png (ADEChallengeData2016)"
 )
 SPLIT_FOLDERS = {"train": "training", "val": "validation"}
-# The 15 ImageNet-C corruptions (Hendrycks & Dietterich), as the robustness benchmarks for segmentation use them.
-IMAGENET_C_CORRUPTIONS = [
-    "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
-    "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression",
-]  # fmt: skip
 
 
 def train_pipeline(
@@ -159,29 +161,6 @@ def collate_lists(samples: list[tuple[torch.Tensor, torch.Tensor, str]]) -> dict
     }
 
 
-class UnpaddedDistributedSampler(DistributedSampler):
-    """Evaluation sampler: rank r takes items r, r + R, r + 2R, ... in order, without padding.
-
-    Lightning's ``DistributedSampler`` pads every rank to the same length by repeating items, which would count
-    those images twice in metrics summed over ranks; here each image is counted exactly once (ranks may get one
-    item fewer, which is fine: evaluation runs no collective per step). Being a ``DistributedSampler``, Lightning
-    uses it as is.
-    """
-
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
-        self.num_samples = len(range(rank, len(dataset), num_replicas))
-        self.total_size = len(dataset)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.total_size, self.num_replicas))
-
-
-def evenly_spaced(n: int, k: int | None) -> list[int] | None:
-    """``k`` indices spread evenly over ``range(n)``, or None (all) when ``k`` is None or >= n."""
-    return None if k is None or k >= n else [i * n // k for i in range(k)]
-
-
 class ADE20KDataModule(LightningDataModule):
     """ADE20K (or the built-in synthetic ADE20K) with mmseg's pipelines, and corrupted copies of the validation set.
 
@@ -228,7 +207,7 @@ class ADE20KDataModule(LightningDataModule):
         cat_max_ratio: float = 0.75,
         train_subset: int | None = None,
         eval_subset: int | None = None,
-        corruptions: list[str] = IMAGENET_C_CORRUPTIONS,  # noqa: B006 (CLI default, never mutated)
+        corruptions: list[str] = list(IMAGENET_C_CORRUPTIONS),  # noqa: B006, B008 (CLI default, never mutated)
         severities: list[int] = [1, 2, 3, 4, 5],  # noqa: B006 (CLI default, never mutated)
         corruption_seed: int = 0,
     ) -> None:
@@ -309,20 +288,20 @@ class ADE20KDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches of the per-device size, padded to the crop size, last partial batch dropped."""
-        train_set = self._require(self.train_set, "fit")
+        train_set = require_built(self.train_set, "fit")
         return self._loader(train_set, self.batch_size_per_device, PadCollate(self.crop_size), shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
         """The clean validation set (lists of images at the test scale and labels at the original size)."""
-        return self._loader(self._require(self.val_set, "validate"), self.eval_batch_size, collate_lists)
+        return self._loader(require_built(self.val_set, "validate"), self.eval_batch_size, collate_lists)
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per entry of :attr:`eval_sets`, in that order."""
-        return [self._loader(d, self.eval_batch_size, collate_lists) for d in self._require(self.test_sets, "test")]
+        return [self._loader(d, self.eval_batch_size, collate_lists) for d in require_built(self.test_sets, "test")]
 
     def predict_dataloader(self) -> DataLoader:
         """The clean validation set."""
-        return self._loader(self._require(self.val_set, "predict"), self.eval_batch_size, collate_lists)
+        return self._loader(require_built(self.val_set, "predict"), self.eval_batch_size, collate_lists)
 
     def _loader(self, dataset: Dataset, batch_size: int, collate, shuffle: bool = False) -> DataLoader:
         trainer = self.trainer
@@ -352,12 +331,6 @@ class ADE20KDataModule(LightningDataModule):
         if corruption is not None:
             steps.insert(1, CorruptImage(corruption, severity, self.corruption_seed))  # on the original image
         return self._dataset("val", steps, self.eval_subset)
-
-    @staticmethod
-    def _require(value, stage: str):
-        if value is None:
-            raise RuntimeError(f"The datasets are not built; call setup({stage!r}) first (the Trainer does).")
-        return value
 
     def _check_layout(self) -> None:
         """Raise FileNotFoundError naming the missing folder and the expected ADE20K layout."""

@@ -26,8 +26,8 @@ import torch  # noqa: E402
 from kpca.segmentation.callbacks import overlay  # noqa: E402
 from kpca.segmentation.cli import SegmentationCLI, main  # noqa: E402
 from kpca.segmentation.module import SegmentationModule  # noqa: E402
-from kpca.vision_cls._atomic import write_atomic  # noqa: E402
-from kpca.vision_cls.robustness import write_report  # noqa: E402
+from kpca.training.files import write_atomic  # noqa: E402
+from kpca.training.reports import write_report  # noqa: E402
 
 logger = logging.getLogger("kpca.segmentation.demo")
 

@@ -1,6 +1,6 @@
 """Clean and corrupted ADE20K evaluation: metrics per corruption and severity, their means, and the reports.
 
-Reports (Markdown and CSV, written atomically with ``kpca.vision_cls.robustness.write_report``) in the log dir:
+Reports (Markdown and CSV, written atomically with ``kpca.training.reports.write_report``) in the log dir:
 
 * ``segmentation.{md,csv}``: one row per evaluation set (clean, then each corruption at each severity), one mean
   row per corruption over its severities, and the mean over all corrupted sets; aAcc, mAcc and mIoU in %.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from kpca.vision_cls.robustness import write_report
+from kpca.training.reports import write_report
 
 METRICS = ("aAcc", "mAcc", "mIoU")
 EvalSets = Sequence[tuple[str, str | None, int | None]]
@@ -78,7 +78,7 @@ def write_reports(
     per_set: Mapping[str, Mapping[str, object]], eval_sets: EvalSets, classes: Sequence[str], out_dir: str | Path
 ) -> list[Path]:
     """Write ``segmentation.{md,csv}`` and ``per_class_clean.{md,csv}`` into ``out_dir``; returns the four paths."""
-    paths = list(write_report(summary_rows(per_set, eval_sets), out_dir, "segmentation"))
+    paths = list(write_report(summary_rows(per_set, eval_sets), out_dir, "segmentation", show=True))
     if "clean" in per_set:
         paths += write_report(per_class_rows(per_set["clean"], classes), out_dir, "per_class_clean")
     return paths

@@ -2,7 +2,7 @@
 
 Legend: B batch, C channels (3), H x W image, P patch size, Gh x Gw patch grid, N = Gh * Gw patch tokens,
 E encoder width, D decoder width, K classes.
-Images enter in pixel space [0, 1]; the network normalises them itself (as ``kpca.vision_cls``), so corruptions
+Images enter in pixel space [0, 1]; the network normalises them itself (as the vision app does), so corruptions
 act on real pixels.
 """
 
@@ -19,8 +19,8 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from kpca.attention import AttentionSpec, swap_attention
-from kpca.vision_cls.checkpoints import load_weights
-from kpca.vision_cls.model import build_vit
+from kpca.training.vision.checkpoints import load_weights
+from kpca.training.vision.vit import Arch, build_vit
 
 logger = logging.getLogger(__name__)
 
@@ -133,14 +133,14 @@ class Segmenter(nn.Module):
         std: per-channel std used to normalise [0, 1] inputs.
         init_from: a classifier checkpoint for the encoder (ours from ``vision-cls``, timm/DeiT, or the authors'
             SymViT/RPC files); its classification head is skipped, position embeddings are interpolated to
-            ``img_size`` and attention weights converted (see :func:`kpca.vision_cls.checkpoints.load_weights`).
+            ``img_size`` and attention weights converted (see :func:`kpca.training.vision.checkpoints.load_weights`).
         init_strict: fail on any other mismatch with ``init_from`` (the report is raised); when False, mismatching
             tensors are skipped and the report is logged.
     """
 
     def __init__(
         self,
-        arch: str = "deit_tiny",
+        arch: Arch = "deit_tiny",
         num_classes: int = 150,
         attention: AttentionSpec = AttentionSpec(),  # noqa: B008 (frozen-like dataclass default)
         decoder_attention: AttentionSpec | None = None,

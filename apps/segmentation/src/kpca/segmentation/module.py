@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
@@ -16,7 +15,8 @@ from torch import nn
 from kpca.segmentation.evaluation import corruption_results, write_reports
 from kpca.segmentation.inference import predict_label_map
 from kpca.segmentation.metrics import SegmentationMetrics
-from kpca.vision_cls.rng_state import RNGStateCheckpointing
+from kpca.training.module import NetModule
+from kpca.training.optim import polynomial
 
 IGNORE_INDEX = 255
 
@@ -37,7 +37,7 @@ def segmentation_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
 
 
-class SegmentationModule(RNGStateCheckpointing, pl.LightningModule):
+class SegmentationModule(NetModule):
     """Train a segmentation net with SGD and a per-step polynomial lr; evaluate by sliding windows.
 
     Validation logs ``val/loss``, ``val/mIoU``, ``val/mAcc`` and ``val/aAcc`` (fractions) over the clean
@@ -62,15 +62,9 @@ class SegmentationModule(RNGStateCheckpointing, pl.LightningModule):
         window: int = 512,
         stride: int = 512,
     ) -> None:
-        super().__init__()
         if not 0 < stride <= window:
             raise ValueError(f"need 0 < stride <= window, got stride={stride}, window={window}")
-        self.save_hyperparameters(ignore=["net"])
-        if "_instantiator" in self.hparams:
-            # Built by LightningCLI: save the net's class_path/init_args too, so load_from_checkpoint rebuilds it.
-            self.save_hyperparameters()
-        self.net = net
-        self.optimizer_factory = optimizer
+        super().__init__(net, optimizer)
         self.val_metrics = SegmentationMetrics(net.num_classes, IGNORE_INDEX)
         self.test_metrics = nn.ModuleList()
 
@@ -86,7 +80,6 @@ class SegmentationModule(RNGStateCheckpointing, pl.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = segmentation_loss(self.net(batch["images"]), batch["labels"])
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
 
     def predict_image(self, image: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,9 +114,9 @@ class SegmentationModule(RNGStateCheckpointing, pl.LightningModule):
         per_set = {name: metric.compute() for (name, _, _), metric in metrics}
         results = corruption_results(per_set, datamodule.eval_sets)
         self.log_dict({f"test/{k}": v for k, v in results.items()}, add_dataloader_idx=False, sync_dist=True)
-        log_dir = self.trainer.log_dir or self.trainer.default_root_dir  # a collective: every rank asks
+        report_dir = self.report_dir()  # a collective: every rank asks
         if self.trainer.is_global_zero:
-            write_reports(per_set, datamodule.eval_sets, datamodule.classes, log_dir)
+            write_reports(per_set, datamodule.eval_sets, datamodule.classes, report_dir)
 
     def predict_step(self, batch: dict[str, list], batch_idx: int, dataloader_idx: int = 0) -> dict[str, list]:
         """Predicted label maps at the original size: ``{"names": [...], "preds": [(H0, W0) uint8, ...]}``."""
@@ -137,10 +130,6 @@ class SegmentationModule(RNGStateCheckpointing, pl.LightningModule):
         total = max(int(self.trainer.estimated_stepping_batches), 1)  # honours max_steps and max_epochs
         base_lr = optimizer.param_groups[0]["lr"]
         floor = self.hparams.min_lr / base_lr if base_lr > 0 else 0.0
-        power = self.hparams.poly_power
-
-        def factor(step: int) -> float:
-            return (1.0 - floor) * (1.0 - min(step, total) / total) ** power + floor
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, polynomial(total, self.hparams.poly_power, floor))
+        schedule = {"scheduler": scheduler, "interval": "step", "name": "train/lr"}  # the LearningRateMonitor tag
+        return {"optimizer": optimizer, "lr_scheduler": schedule}

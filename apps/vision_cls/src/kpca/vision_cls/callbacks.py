@@ -1,4 +1,4 @@
-"""TensorBoard callbacks: per-RPC-layer PAP diagnostics and attention maps of a fixed batch.
+"""TensorBoard callback: class-token attention maps of a fixed batch (the RPC diagnostics are kpca.training's).
 
 Legend: B batch, H heads, N tokens (1 class token + P patches), D head dim, G = sqrt(P) patch grid.
 """
@@ -10,61 +10,11 @@ import math
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
 from kpca.attention import RPCAttention, SoftmaxAttention
-
-
-def rpc_layers(model: nn.Module) -> dict[str, RPCAttention]:
-    """The RPC attention modules of ``model`` by qualified name."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, RPCAttention)}
-
-
-def tensorboard_writer(trainer: pl.Trainer):
-    """The ``SummaryWriter`` of the trainer's first TensorBoard logger, or None when it has none."""
-    for lg in trainer.loggers:
-        if isinstance(lg, TensorBoardLogger):
-            return lg.experiment
-    return None
-
-
-class RPCDiagnostics(pl.Callback):
-    """Every ``every_n_steps`` training steps, log each RPC layer's fraction of non-zero S and PAP residual.
-
-    The PAP state is recorded only on those steps, so other steps pay nothing. Keys:
-    ``train/rpc/<layer>/nonzero_S`` and ``train/rpc/<layer>/residual`` (last iteration, mean over
-    samples and heads), and ``.../residual_first`` for the first iteration.
-
-    Args:
-        every_n_steps: logging period in optimizer steps.
-    """
-
-    def __init__(self, every_n_steps: int = 50) -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
-        self.every_n_steps = every_n_steps
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        record = trainer.global_step % self.every_n_steps == 0
-        for layer in rpc_layers(pl_module).values():
-            layer.record_state = record
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        metrics = {}
-        for name, layer in rpc_layers(pl_module).items():
-            if not layer.record_state or layer.last_state is None:
-                continue
-            state = layer.last_state
-            short = name.removeprefix("net.vit.").removesuffix(".attn")
-            metrics[f"train/rpc/{short}/nonzero_S"] = state.nonzero_fraction[-1].mean()
-            metrics[f"train/rpc/{short}/residual"] = state.residual[-1].mean()
-            metrics[f"train/rpc/{short}/residual_first"] = state.residual[0].mean()
-            layer.record_state = False
-            layer.last_state = None
-        if metrics:
-            pl_module.log_dict(metrics, on_step=True, on_epoch=False)
+from kpca.training.callbacks import tensorboard_writer
 
 
 def class_token_attention(attn: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -84,7 +34,7 @@ def class_token_attention(attn: nn.Module, tokens: torch.Tensor) -> torch.Tensor
         q = k = attn.last_state.k_clean  # (B, H, N, D)
     else:
         n_proj = 2 if isinstance(attn, SoftmaxAttention) and attn.symmetric else 3
-        qkv = attn.qkv(tokens).reshape(b, n, n_proj, attn.num_heads, -1).permute(2, 0, 3, 1, 4)  # (P, B, H, N, D)
+        qkv = attn.qkv(tokens).reshape(b, n, n_proj, attn.num_heads, -1).permute(2, 0, 3, 1, 4)  # (n_proj, B, H, N, D)
         k = attn.k_norm(qkv[-2])
         q = k if n_proj == 2 else attn.q_norm(qkv[0])
     scores = q[:, :, :1] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, 1, N)

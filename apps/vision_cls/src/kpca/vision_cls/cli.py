@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from lightning.pytorch.cli import ArgsType
 
+from kpca.training.cli import ProjectCLI
 from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.module import ClassificationModule
-from kpca.vision_cls.project_cli import ProjectCLI
 
 
 class VisionCLI(ProjectCLI):
-    """Adds best/last checkpoints on ``val/acc1``, RPC diagnostics, attention maps, and the class-count link."""
+    """Adds best/last checkpoints on ``val/acc1``, attention maps, and the class-count link (to ProjectCLI's)."""
 
     monitor, mode = "val/acc1", "max"
 

@@ -4,44 +4,44 @@ Every dataloader yields ``(images, labels)`` with ``images`` float32 in pixel sp
 ``labels`` int64, shape (B,). Nothing is normalised here: the model normalises inside (with :attr:`mean` and
 :attr:`std`), so adversarial attacks and corruptions work in pixel units. The one exception is random erasing, whose
 fill is drawn in normalised space as in DeiT and is therefore allowed to leave [0, 1] (see
-:class:`PixelSpaceRandomErasing`).
+:class:`kpca.vision_cls.augment.PixelSpaceRandomErasing`). DeiT's sampler and erasing live in
+:mod:`kpca.vision_cls.augment`, the on-the-fly corruptions in :mod:`kpca.vision_cls.corrupted`.
 
 Folder layouts (all ImageFolder-style, one sub-folder per class):
 
 * ImageNet: ``root/train/<wnid>/*.JPEG`` and ``root/val/<wnid>/*``.
 * ImageNet-C: ``imagenet_c_root/<corruption>/<severity>/<wnid>/*``.
 * ImageNet-A, ImageNet-R, ImageNet-O: ``<root>/<wnid>/*`` (200 classes each).
-* Built-in digits: scikit-learn's handwritten digits, written once by :func:`write_digits_imagefolder` as
+* Built-in digits: scikit-learn's handwritten digits, written once by
+  :func:`kpca.vision_cls.builtin_data.write_digits_imagefolder` as
   ``<cache>/digits-<size>px/{train,val}/<0..9>/*.png`` and then read by the same ImageFolder code as ImageNet.
 """
 
-import inspect
+from __future__ import annotations
+
 import math
 import os
-import zlib
-from collections.abc import Callable, Iterator, Sequence, Sized
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
-import torch.distributed as dist
-from imagecorruptions import corrupt, corruption_dict, get_corruption_names
+from imagecorruptions import get_corruption_names
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info
-from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.data.random_erasing import RandomErasing
 from timm.data.transforms import str_to_interp_mode
 from timm.data.transforms_factory import transforms_imagenet_train
-from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
-from kpca.vision_cls._atomic import write_tree_atomic
+from kpca.training.data import default_cache_dir, evenly_spaced, per_device_batch_size, require_built
+from kpca.training.vision.corruptions import check_corruptions
+from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
+from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
+from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.robustness import subset_synsets
 
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
@@ -50,30 +50,6 @@ Interpolation = Literal["bicubic", "bilinear", "nearest"]
 IMAGENET_LAYOUT = "root/train/<class>/*.JPEG and root/val/<class>/*"
 IMAGENET_C_LAYOUT = "imagenet_c_root/<corruption>/<severity>/<wnid>/* (e.g. gaussian_noise/1/n01440764/x.JPEG)"
 SUBSET_LAYOUT = "<root>/<wnid>/* with one folder per class (e.g. n01498041/x.jpg)"
-DIGITS_CLASSES = [str(d) for d in range(10)]
-_DIGITS_MARKER = ".kpca-digits-complete"
-
-
-def default_cache_dir() -> Path:
-    """Where generated data goes: ``$KPCA_CACHE`` if set, else ``~/.cache/kpca``."""
-    return Path(os.environ.get("KPCA_CACHE", Path.home() / ".cache" / "kpca"))
-
-
-def per_device_batch_size(global_batch: int, world_size: int) -> int:
-    """Split a global batch evenly over ``world_size`` processes (devices × nodes).
-
-    Raises:
-        ValueError: If ``global_batch`` is not a positive multiple of ``world_size``.
-    """
-    if world_size < 1:
-        raise ValueError(f"world_size={world_size} must be at least 1.")
-    if global_batch < world_size or global_batch % world_size:
-        lower = max(world_size, global_batch // world_size * world_size)
-        raise ValueError(
-            f"batch_size={global_batch} (the global batch) is not divisible by world_size={world_size} "
-            f"(devices × nodes); set data.batch_size to a multiple of {world_size}, e.g. {lower}."
-        )
-    return global_batch // world_size
 
 
 @dataclass(frozen=True)
@@ -96,184 +72,6 @@ class EvalSet:
     severity: int | None = None
 
 
-class RepeatAugSampler(DistributedSampler):
-    """DeiT's repeated-augmentation sampler, DDP-aware, with a seed.
-
-    Each epoch draws a permutation of the dataset (seeded by ``seed + epoch``; call :meth:`set_epoch`), repeats every
-    index ``num_repeats`` times in a row (``[a, a, a, b, b, b, ...]``) and deals the list round-robin to the ranks, so
-    the copies of one image land on different ranks (when ``num_replicas >= num_repeats``) and get different
-    augmentations. As in DeiT and timm, an epoch keeps the length of a plain epoch: each rank takes only the first
-    ``len(dataset) // selected_round * selected_round // num_replicas`` indices (``ceil(len(dataset) / num_replicas)``
-    for datasets smaller than ``selected_round``), so one epoch sees about ``1 / num_repeats`` of the images,
-    ``num_repeats`` times each. With ``seed=0`` the indices equal ``timm.data.distributed_sampler.RepeatAugSampler``'s.
-
-    It subclasses :class:`~torch.utils.data.DistributedSampler` so that Lightning (``use_distributed_sampler=True``)
-    keeps it as is instead of wrapping it, and calls its ``set_epoch`` every epoch.
-
-    Args:
-        dataset: The dataset to sample from (only its length is used).
-        num_replicas: Number of processes; None reads it from ``torch.distributed`` (1 when not initialised).
-        rank: This process's rank; None reads it from ``torch.distributed`` (0 when not initialised).
-        shuffle: Permute the dataset each epoch; False keeps the dataset order.
-        num_repeats: Copies of each selected sample per epoch, at least 1.
-        seed: Base seed of the per-epoch permutation; must be the same on all ranks.
-        selected_round: Round the per-epoch sample count down to a multiple of this (DeiT: 256); 0 disables.
-    """
-
-    def __init__(
-        self,
-        dataset: Sized,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        shuffle: bool = True,
-        num_repeats: int = 3,
-        seed: int = 0,
-        selected_round: int = 256,
-    ) -> None:
-        initialised = dist.is_available() and dist.is_initialized()
-        if num_replicas is None:
-            num_replicas = dist.get_world_size() if initialised else 1
-        if rank is None:
-            rank = dist.get_rank() if initialised else 0
-        if num_repeats < 1:
-            raise ValueError(f"num_repeats={num_repeats} must be at least 1 (1 means no repetition).")
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
-        self.num_repeats = num_repeats
-        n = len(dataset)
-        self.num_samples = math.ceil(n * num_repeats / num_replicas)
-        self.total_size = self.num_samples * num_replicas
-        if selected_round and n >= selected_round:
-            selected = n // selected_round * selected_round // num_replicas
-        else:
-            selected = math.ceil(n / num_replicas)
-        self.num_selected_samples = min(selected, self.num_samples)
-
-    def __iter__(self) -> Iterator[int]:
-        """Indices of this rank for the current epoch."""
-        n = len(self.dataset)
-        if self.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=generator)
-        else:
-            order = torch.arange(n)
-        indices = torch.repeat_interleave(order, self.num_repeats).tolist()
-        ranks = range(self.rank, self.total_size, self.num_replicas)[: self.num_selected_samples]
-        return iter([indices[i % len(indices)] for i in ranks])
-
-    def __len__(self) -> int:
-        """Samples this rank yields per epoch."""
-        return self.num_selected_samples
-
-
-class PixelSpaceRandomErasing:
-    """timm's ``RandomErasing`` for pixel-space images, with the fill DeiT draws in normalised space.
-
-    DeiT erases *normalised* images and fills the box with z ~ N(0, 1) per pixel (mode ``"pixel"``), per channel
-    (``"rand"``) or z = 0 (``"const"``). Our images are normalised later, inside the model, so the same fill in pixel
-    space is ``mean + std * z`` per channel. It is not clipped (it leaves [0, 1] on purpose): after the model's
-    normalisation the erased box holds exactly timm's values. The boxes are drawn by timm's own ``RandomErasing`` (same
-    parameters, same random calls) on a NaN canvas; the pixels it filled are copied, mapped to pixel space, into the
-    image, and the other pixels are left untouched.
-
-    Args:
-        probability: Probability of erasing an image.
-        mean: Per-channel normalisation mean of the model.
-        std: Per-channel normalisation std of the model.
-        mode: Fill mode of timm's ``RandomErasing``: ``"pixel"``, ``"rand"`` or ``"const"``.
-        max_count: Maximum number of boxes per image.
-    """
-
-    def __init__(
-        self,
-        probability: float,
-        mean: Sequence[float],
-        std: Sequence[float],
-        mode: Literal["pixel", "rand", "const"] = "pixel",
-        max_count: int = 1,
-    ) -> None:
-        self.erasing = RandomErasing(probability, mode=mode, max_count=max_count, device="cpu")
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)  # (3, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)  # (3, 1, 1)
-
-    def __call__(self, image: Tensor) -> Tensor:
-        """Erase boxes of a (3, H, W) float image in [0, 1]; returns a new tensor."""
-        canvas = self.erasing(torch.full_like(image, float("nan")))  # (3, H, W): NaN where not erased
-        erased = ~torch.isnan(canvas)
-        return torch.where(erased, self.mean + self.std * canvas, image)
-
-    def __repr__(self) -> str:
-        """Show the wrapped timm transform."""
-        return f"{type(self).__name__}({self.erasing!r})"
-
-
-def corrupt_seeded(image: np.ndarray, corruption: str, severity: int, seed: int) -> np.ndarray:
-    """Apply an ``imagecorruptions`` corruption reproducibly.
-
-    The corruptions draw from NumPy's global RNG (``impulse_noise`` and ``glass_blur`` take a ``seed`` instead), so
-    the global RNG is seeded for the call and restored afterwards, and ``seed`` is passed where it is accepted.
-
-    Args:
-        image: (H, W, 3) uint8 array, H and W at least 32.
-        corruption: A name from ``imagecorruptions.get_corruption_names("all")``.
-        severity: 1 to 5.
-        seed: Seed in [0, 2**32).
-
-    Returns:
-        The corrupted (H, W, 3) uint8 array.
-    """
-    kwargs = {"seed": seed} if "seed" in inspect.signature(corruption_dict[corruption]).parameters else {}
-    state = np.random.get_state()
-    np.random.seed(seed)
-    try:
-        return corrupt(image, severity=severity, corruption_name=corruption, **kwargs)
-    finally:
-        np.random.set_state(state)
-
-
-class CorruptedDataset(Dataset):
-    """Wrap an image dataset and corrupt its images on the fly, reproducibly.
-
-    The base dataset yields ``(image, label)`` with a PIL image (or an (H, W, 3) uint8 array) that is already resized
-    and cropped; the corruption runs on the uint8 array and ``transform`` (default ``ToTensor``) follows. The seed of
-    item ``index`` is a stable hash of ``(seed, corruption, severity, index)``, so the same item is always corrupted
-    the same way, in any worker and any run.
-
-    Args:
-        base: Dataset of ``(PIL image or uint8 array, label)``.
-        corruption: A name from ``imagecorruptions.get_corruption_names("all")``.
-        severity: 1 to 5.
-        transform: Applied to the corrupted (H, W, 3) uint8 array; default ``transforms.ToTensor()`` (float in [0, 1]).
-        seed: Base seed, mixed into every item's seed.
-    """
-
-    def __init__(
-        self,
-        base: Dataset,
-        corruption: str,
-        severity: int,
-        transform: Callable[[np.ndarray], Tensor] | None = None,
-        seed: int = 0,
-    ) -> None:
-        check_corruptions([corruption], [severity])
-        self.base = base
-        self.corruption = corruption
-        self.severity = severity
-        self.transform = transform if transform is not None else transforms.ToTensor()
-        self.seed = seed
-
-    def __len__(self) -> int:
-        """Length of the base dataset."""
-        return len(self.base)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        """The corrupted, transformed image ``index`` and its label."""
-        image, label = self.base[index]
-        array = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image, dtype=np.uint8)
-        seed = zlib.crc32(f"{self.seed}:{self.corruption}:{self.severity}:{index}".encode())
-        return self.transform(corrupt_seeded(array, self.corruption, self.severity, seed)), label
-
-
 class _ClassListImageFolder(ImageFolder):
     """ImageFolder whose classes (and so labels, their positions in ``classes``) are given instead of discovered."""
 
@@ -291,15 +89,10 @@ def _ood_label(_: int) -> int:
     return -1
 
 
-def check_corruptions(corruptions: Sequence[str], severities: Sequence[int]) -> None:
-    """Raise ValueError on unknown corruption names or severities outside 1-5."""
-    known = get_corruption_names("all")
-    unknown = [c for c in corruptions if c not in known]
-    if unknown:
-        raise ValueError(f"Unknown corruption(s) {unknown}; choose from {known}.")
-    bad = [s for s in severities if s not in (1, 2, 3, 4, 5)]
-    if bad:
-        raise ValueError(f"Severities {bad} are invalid; severities must be integers in 1-5.")
+def _evenly_spaced(dataset: Dataset, k: int | None) -> Dataset:
+    """At most ``k`` items spread evenly over ``dataset`` (every class of a sorted ImageFolder is hit), or all."""
+    indices = evenly_spaced(len(dataset), k)
+    return dataset if indices is None else Subset(dataset, indices)
 
 
 def _class_folders(directory: Path, layout: str) -> list[str]:
@@ -310,58 +103,6 @@ def _class_folders(directory: Path, layout: str) -> list[str]:
         return find_classes(directory)[0]
     except FileNotFoundError:
         raise ValueError(f"{directory} has no class sub-folders; expected the layout {layout}.") from None
-
-
-def _evenly_spaced(dataset: Dataset, k: int | None) -> Dataset:
-    """At most ``k`` items spread evenly over ``dataset`` (every class of a sorted ImageFolder is hit), or all."""
-    n = len(dataset)
-    if k is None or k >= n:
-        return dataset
-    return Subset(dataset, [i * n // k for i in range(k)])
-
-
-def write_digits_imagefolder(root: Path, image_size: int = 32) -> Path:
-    """Write scikit-learn's handwritten digits as an ImageFolder tree, once.
-
-    ``load_digits()`` holds 1797 8×8 images with values 0-16 in 10 classes. They are split 80/20, stratified, with a
-    fixed seed, scaled to uint8, upscaled to ``image_size`` (bicubic), made 3-channel and written as
-    ``root/train/<0..9>/<index>.png`` and ``root/val/<0..9>/<index>.png`` (``index`` into ``load_digits()``). The tree
-    is written into a temporary folder beside ``root`` and renamed into place, so a crash never leaves half a tree;
-    when ``root`` already holds a complete tree, nothing is written.
-
-    Args:
-        root: Folder to create.
-        image_size: Side of the written square images, in pixels.
-
-    Returns:
-        ``root``.
-
-    Raises:
-        ValueError: If ``root`` exists but is not a complete digits tree.
-    """
-    root = Path(root)
-    if (root / _DIGITS_MARKER).is_file():
-        return root
-    from sklearn.datasets import load_digits  # imported here: scikit-learn is slow to import and only needed once
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    indices = np.arange(len(digits.target))
-    train, val = train_test_split(indices, test_size=0.2, stratify=digits.target, random_state=0)
-
-    def write(tmp: Path) -> None:
-        for split, split_indices in (("train", train), ("val", val)):
-            for label in DIGITS_CLASSES:
-                (tmp / split / label).mkdir(parents=True)
-            for i in split_indices:
-                pixels = np.round(digits.images[i] * (255.0 / 16.0)).astype(np.uint8)  # (8, 8)
-                image = Image.fromarray(pixels).resize((image_size, image_size), Image.Resampling.BICUBIC)
-                image.convert("RGB").save(tmp / split / str(digits.target[i]) / f"{i:04d}.png")
-
-    if not write_tree_atomic(root, _DIGITS_MARKER, write, what="digits tree"):
-        return root
-    rank_zero_info(f"Wrote the digits tree ({len(train)} train, {len(val)} val images, {image_size}px) to {root}")
-    return root
 
 
 class ImageNetDataModule(LightningDataModule):
@@ -617,7 +358,7 @@ class ImageNetDataModule(LightningDataModule):
         ``DistributedSampler``, Lightning uses it as is (no wrapping) and calls its ``set_epoch`` every epoch.
         Otherwise the loader shuffles, and under DDP Lightning swaps in its ``DistributedSampler``.
         """
-        train_set = self._require(self.train_set, "fit")
+        train_set = require_built(self.train_set, "fit")
         if self.repeated_aug == 1:
             return self._loader(train_set, shuffle=True, drop_last=True)
         trainer = self.trainer
@@ -632,15 +373,15 @@ class ImageNetDataModule(LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         """The clean validation set."""
-        return self._loader(self._require(self.val_set, "validate"))
+        return self._loader(require_built(self.val_set, "validate"))
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per entry of :attr:`eval_sets`, in that order."""
-        return [self._loader(dataset) for dataset in self._require(self.test_sets, "test")]
+        return [self._loader(dataset) for dataset in require_built(self.test_sets, "test")]
 
     def predict_dataloader(self) -> DataLoader:
         """The clean validation set."""
-        return self._loader(self._require(self.val_set, "predict"))
+        return self._loader(require_built(self.val_set, "predict"))
 
     def _loader(
         self, dataset: Dataset, shuffle: bool = False, drop_last: bool = False, sampler: RepeatAugSampler | None = None
@@ -654,12 +395,6 @@ class ImageNetDataModule(LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and torch.accelerator.is_available(),
         )
-
-    @staticmethod
-    def _require(value: Dataset | list[Dataset] | None, stage: str) -> Dataset | list[Dataset]:
-        if value is None:
-            raise RuntimeError(f"The datasets are not built; call setup({stage!r}) first (the Trainer does).")
-        return value
 
     def _eval_transform(self) -> Callable:
         return transforms.Compose([self.eval_geometry(), transforms.ToTensor()])

@@ -20,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
 
+from kpca.training.files import write_atomic  # noqa: E402
 from kpca.vision_cls.cli import main  # noqa: E402
 
 logger = logging.getLogger("kpca.vision_cls.demo")
@@ -123,7 +124,8 @@ def run(argv: list[str] | None = None) -> Path:
     report, figure = args.out / "report.md", args.out / "report.png"
     plot(all_results, figure)
     text = markdown(all_results)
-    report.write_text(f"# SymViT vs RPC-SymViT on the built-in digits\n\n![accuracy]({figure.name})\n\n{text}")
+    page = f"# SymViT vs RPC-SymViT on the built-in digits\n\n![accuracy]({figure.name})\n\n{text}"
+    write_atomic(report, lambda f: f.write(page), mode="w", encoding="utf-8")
     logger.info("\n%s", text)
     logger.info("report: %s | plot: %s | TensorBoard: tensorboard --logdir %s", report, figure, args.out)
     return report

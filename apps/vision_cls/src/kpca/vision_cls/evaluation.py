@@ -17,6 +17,7 @@ from torch import nn
 from torchmetrics import CatMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from kpca.training.reports import write_report
 from kpca.vision_cls.attacks import AttackSpec, run_attack
 from kpca.vision_cls.data import EvalSet
 from kpca.vision_cls.robustness import (
@@ -26,7 +27,6 @@ from kpca.vision_cls.robustness import (
     masked_logits,
     ood_aupr,
     subset_indices,
-    write_report,
 )
 
 logger = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class RobustnessEvaluator:
     def write_report(self, results: dict[str, float], out_dir: str | Path) -> list[Path]:
         """Write the results (and the per-corruption table, when corruptions ran) as Markdown and CSV."""
         rows = [{"metric": name, "value": value} for name, value in results.items() if not math.isnan(value)]
-        paths = list(write_report(rows, out_dir, self.report_name))
+        paths = list(write_report(rows, out_dir, self.report_name, show=True))
         for kind in ("corrupted", "imagenet_c"):
             per_set = {
                 (s.corruption, s.severity): 1.0 - results[f"{kind}/{s.corruption}/s{s.severity}/acc1"]

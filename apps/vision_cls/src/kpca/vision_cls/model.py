@@ -7,47 +7,13 @@ attacks act on real pixels.
 
 from __future__ import annotations
 
-import logging
-
-import timm
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
-from kpca.attention import AttentionSpec, swap_attention
-from kpca.vision_cls.checkpoints import load_weights
-
-logger = logging.getLogger(__name__)
-
-ARCHS = {
-    "deit_tiny": "deit_tiny_patch16_224",
-    "deit_small": "deit_small_patch16_224",
-    "deit_base": "deit_base_patch16_224",
-}
-
-
-def build_vit(
-    arch: str,
-    attention: AttentionSpec,
-    embed_dim: int | None = None,
-    depth: int | None = None,
-    num_heads: int | None = None,
-    **timm_kwargs,
-) -> nn.Module:
-    """A randomly initialised timm DeiT (``arch`` in :data:`ARCHS`) with ``attention`` swapped in.
-
-    ``embed_dim``, ``depth`` and ``num_heads`` override the architecture's when given; ``timm_kwargs``
-    (``num_classes``, ``img_size``, ``patch_size``, ``drop_path_rate``, ...) go to ``timm.create_model``.
-    """
-    if arch not in ARCHS:
-        raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {arch!r}")
-    overrides = {"embed_dim": embed_dim, "depth": depth, "num_heads": num_heads}
-    vit = timm.create_model(
-        ARCHS[arch], pretrained=False, **{k: v for k, v in overrides.items() if v is not None}, **timm_kwargs
-    )
-    if attention.kind != "softmax":
-        swap_attention(vit, attention)
-    return vit
+from kpca.attention import AttentionSpec
+from kpca.training.vision.checkpoints import load_weights
+from kpca.training.vision.vit import Arch, build_vit
 
 
 class ViTClassifier(nn.Module):
@@ -71,14 +37,14 @@ class ViTClassifier(nn.Module):
         mean: per-channel mean used to normalise [0, 1] inputs.
         std: per-channel std used to normalise [0, 1] inputs.
         init_from: checkpoint to start from (ours, timm/DeiT, or the authors' SymViT/RPC format),
-            see :func:`kpca.vision_cls.checkpoints.load_weights`.
+            see :func:`kpca.training.vision.checkpoints.load_weights`.
         init_strict: fail on any mismatch with ``init_from`` (a readable report is raised);
             when False, mismatching tensors are skipped and the report is logged.
     """
 
     def __init__(
         self,
-        arch: str = "deit_tiny",
+        arch: Arch = "deit_tiny",
         num_classes: int = 1000,
         attention: AttentionSpec = AttentionSpec(),  # noqa: B008 (frozen-like dataclass default)
         img_size: int = 224,

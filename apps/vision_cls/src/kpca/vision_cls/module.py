@@ -5,10 +5,6 @@ Legend: B batch, C channels, H x W image, K classes.
 
 from __future__ import annotations
 
-import math
-import time
-
-import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
@@ -17,11 +13,12 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from kpca.training.module import NetModule
+from kpca.training.optim import parameter_groups, warmup_cosine
 from kpca.vision_cls.evaluation import RobustnessEvaluator
-from kpca.vision_cls.rng_state import RNGStateCheckpointing
 
 
-class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
+class ClassificationModule(NetModule):
     """DeiT recipe: AdamW with no-decay groups, lr scaled by global batch, per-step warm-up + cosine.
 
     Args:
@@ -41,6 +38,8 @@ class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
         evaluator: robustness evaluations run by ``test`` (corruptions, ImageNet-A/R/O, attacks).
     """
 
+    unsaved_hparams = ("evaluator",)  # evaluation settings come from the config of `test`, not the checkpoint
+
     def __init__(
         self,
         net: nn.Module,
@@ -57,15 +56,7 @@ class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
         ema_decay: float | None = None,
         evaluator: RobustnessEvaluator | None = None,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters(ignore=["net", "evaluator"])
-        if "_instantiator" in self.hparams:
-            # Built by LightningCLI: the hparams are the parsed config, where net is a class_path/init_args
-            # dict that load_from_checkpoint rebuilds it from (a net passed from Python is not saved). The
-            # evaluator stays out: a checkpoint's hparams override the config of `test --ckpt_path`.
-            self.save_hyperparameters(ignore=["evaluator"])
-        self.net = net
-        self.optimizer_factory = optimizer
+        super().__init__(net, optimizer)
         num_classes = net.num_classes
         self.mixup = (
             Mixup(
@@ -85,7 +76,6 @@ class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
         self.val_ema_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self._batch_start = 0.0
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) pixel images in [0, 1] -> (B, K) logits."""
@@ -101,14 +91,7 @@ class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
 
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        self._batch_start = time.perf_counter()
-
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        elapsed = time.perf_counter() - self._batch_start
-        images_per_sec = batch[0].shape[0] * self.trainer.world_size / max(elapsed, 1e-9)
-        self.log("train/images_per_sec", images_per_sec, on_step=True, on_epoch=False)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
         if self.ema is not None:
             self.ema.update(self.net, step=self.global_step)
 
@@ -135,9 +118,9 @@ class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         results = self.evaluator.compute()
         self.log_dict({f"test/{name}": value for name, value in results.items()}, add_dataloader_idx=False)
-        log_dir = self.trainer.log_dir or self.trainer.default_root_dir  # a collective: every rank asks
+        report_dir = self.report_dir()  # a collective: every rank asks
         if self.trainer.is_global_zero:
-            self.evaluator.write_report(results, log_dir)
+            self.evaluator.write_report(results, report_dir)
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
@@ -145,7 +128,7 @@ class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
 
     def configure_optimizers(self):
         """AdamW over decay / no-decay groups, lr scaled by global batch, per-step warm-up + cosine."""
-        optimizer = self.optimizer_factory(self._parameter_groups())
+        optimizer = self.optimizer_factory(parameter_groups(self.net))
         reference = self.hparams.lr_batch_reference
         if reference:
             global_batch = self.trainer.datamodule.batch_size * self.trainer.accumulate_grad_batches
@@ -154,30 +137,8 @@ class ClassificationModule(RNGStateCheckpointing, pl.LightningModule):
         total = max(int(self.trainer.estimated_stepping_batches), 1)  # honours max_steps and max_epochs
         steps_per_epoch = self.trainer.num_training_batches / self.trainer.accumulate_grad_batches
         warmup = min(int(self.hparams.warmup_epochs * steps_per_epoch), total)
-        schedule = _warmup_cosine(total, warmup, optimizer.param_groups[0]["lr"], self.hparams)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def _parameter_groups(self) -> list[dict]:
-        """Biases, norms, position embeddings and tokens get no weight decay (timm / nanoGPT rule)."""
-        skip = self.net.no_weight_decay() if hasattr(self.net, "no_weight_decay") else set()
-        decay, no_decay = [], []
-        for name, param in self.net.named_parameters():
-            if not param.requires_grad:
-                continue
-            (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
-        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _warmup_cosine(total: int, warmup: int, peak_lr: float, hparams) -> callable:
-    """LambdaLR factor: linear from warmup_lr to the peak over ``warmup`` steps, then cosine to min_lr."""
-    start = hparams.warmup_lr / peak_lr if peak_lr > 0 else 0.0
-    floor = hparams.min_lr / peak_lr if peak_lr > 0 else 0.0
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return start + (1.0 - start) * step / warmup
-        progress = (step - warmup) / max(total - warmup, 1)
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-    return factor
+        peak_lr = optimizer.param_groups[0]["lr"]
+        start, floor = (self.hparams.warmup_lr / peak_lr, self.hparams.min_lr / peak_lr) if peak_lr > 0 else (0.0, 0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warmup, start, floor))
+        schedule = {"scheduler": scheduler, "interval": "step", "name": "train/lr"}  # the LearningRateMonitor tag
+        return {"optimizer": optimizer, "lr_scheduler": schedule}

@@ -1,4 +1,4 @@
-"""Robustness metrics and reports: ImageNet-C mCE, ImageNet-A/R/O class subsets, OOD AUPR, Markdown/CSV tables.
+"""Robustness metrics: ImageNet-C mCE, ImageNet-A/R/O class subsets, OOD AUPR, per-corruption report rows.
 
 Legend: B batch, K classes of the model (1000), M classes of a 200-class subset.
 
@@ -29,15 +29,12 @@ gives (B, 200) logits whose argmax is directly comparable with that label.
 
 from __future__ import annotations
 
-import csv
 import functools
 import importlib.resources
-import io
 import logging
 import math
 import os
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from numbers import Real
 from pathlib import Path
 from typing import Literal
@@ -46,18 +43,9 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_average_precision
 
-from kpca.vision_cls._atomic import write_atomic
+from kpca.training.vision.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_GROUPS, IMAGENET_C_SEVERITIES
 
 logger = logging.getLogger(__name__)
-
-IMAGENET_C_GROUPS: dict[str, tuple[str, ...]] = {
-    "noise": ("gaussian_noise", "shot_noise", "impulse_noise"),
-    "blur": ("defocus_blur", "glass_blur", "motion_blur", "zoom_blur"),
-    "weather": ("snow", "frost", "fog", "brightness"),
-    "digital": ("contrast", "elastic_transform", "pixelate", "jpeg_compression"),
-}
-IMAGENET_C_CORRUPTIONS: tuple[str, ...] = tuple(c for group in IMAGENET_C_GROUPS.values() for c in group)
-IMAGENET_C_SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
 
 ALEXNET_ERRORS: dict[str, float] = {
     "gaussian_noise": 0.886428,
@@ -122,7 +110,6 @@ n12267677 n13052670
 IMAGENET_O_SYNSETS: tuple[str, ...] = tuple(_IMAGENET_O_WNIDS.split())
 
 _GROUP_OF = {c: group for group, members in IMAGENET_C_GROUPS.items() for c in members}
-_REPORT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def corruption_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, object]:
@@ -352,47 +339,6 @@ def ood_aupr(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
     return float(binary_average_precision(preds, target))
 
 
-def write_report(rows: Sequence[Mapping[str, object]], out_dir: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
-    """Write rows as a Markdown table ``<name>.md`` and a CSV ``<name>.csv`` with the same columns, atomically.
-
-    Columns are the rows' keys in first-seen order; a missing key or ``None`` is an empty cell.
-    Markdown shows floats with 4 decimals, the CSV keeps full precision. Each file is written to a
-    temporary file in ``out_dir`` and moved into place with ``os.replace``, so readers never see a
-    half-written report.
-
-    Args:
-        rows: one mapping per table row, string keys.
-        out_dir: output folder, created if needed.
-        name: file stem: letters, digits, ``.``, ``_``, ``-``; no path separators.
-
-    Returns:
-        ``(markdown_path, csv_path)``.
-    """
-    if not isinstance(name, str) or not _REPORT_NAME.fullmatch(name):
-        raise ValueError(f"report name must be a plain file stem like 'imagenet_c', got {name!r}")
-    if not rows:
-        raise ValueError("rows is empty; pass at least one row (a dict of column -> value)")
-    columns: list[str] = []
-    for row in rows:
-        if not isinstance(row, Mapping):
-            raise TypeError(f"each row must be a mapping of column name -> value, got {type(row).__name__}")
-        columns.extend(key for key in row if key not in columns)
-    directory = Path(out_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    table = [columns] + [[_markdown_cell(row.get(column)) for column in columns] for row in rows]
-    lines = ["| " + " | ".join(table[0]) + " |", "|" + " --- |" * len(columns)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table[1:]]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, restval="", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    md_path, csv_path = directory / f"{name}.md", directory / f"{name}.csv"
-    _write_atomic(md_path, "\n".join(lines) + "\n")
-    _write_atomic(csv_path, buffer.getvalue())
-    logger.info("wrote %s and %s", md_path, csv_path)
-    return md_path, csv_path
-
-
 def _group_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, dict[int, float]]:
     """Validate ``{(corruption, severity): error}`` and regroup it as ``{corruption: {severity: error}}``."""
     if not isinstance(errors, Mapping) or not errors:
@@ -444,15 +390,3 @@ def _subset_indices(name: str) -> tuple[int, ...]:
     assert len(indices) == 200 and list(indices) == sorted(indices), name
     assert tuple(synsets_1k[i] for i in indices) == synsets, name
     return indices
-
-
-def _markdown_cell(value: object) -> str:
-    if value is None:
-        return ""
-    text = f"{value:.4f}" if isinstance(value, float) else str(value)
-    return text.replace("|", "\\|")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write text atomically (a temporary file renamed over ``path``)."""
-    write_atomic(path, lambda stream: stream.write(text), mode="w", encoding="utf-8", newline="")

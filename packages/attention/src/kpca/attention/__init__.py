@@ -5,6 +5,7 @@ Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into
 
 from kpca.attention._backend import get_backend, set_backend, use_backend
 from kpca.attention.functional import RPCState, pap_mu, rpc_attention, softmax_attention
+from kpca.attention.layout import convert_qkv_rows, is_symmetric_qkv
 from kpca.attention.modules import RPCAttention, SoftmaxAttention
 from kpca.attention.spec import AttentionSpec
 from kpca.attention.swap import AttentionSwap, swap_attention
@@ -15,7 +16,9 @@ __all__ = [
     "RPCAttention",
     "RPCState",
     "SoftmaxAttention",
+    "convert_qkv_rows",
     "get_backend",
+    "is_symmetric_qkv",
     "pap_mu",
     "rpc_attention",
     "set_backend",

@@ -1,4 +1,6 @@
-"""The PAP element-wise steps as autograd Functions that save one int8 sign mask each.
+"""The torch backend of PAP: the penalty mu and the element-wise steps (``_triton.ops`` is the Triton one).
+
+The steps are autograd Functions that save one int8 sign mask each.
 
 Notation: K keys, L the last attention output, S the sparse part, Z = Y / mu the scaled dual
 (mu is constant across iterations, so the reference's ``Y / mu`` and ``Y += mu * R`` become
@@ -16,9 +18,44 @@ from __future__ import annotations
 import torch
 from torch.autograd import Function
 
+L1_EPS = 1e-12
+"""Floor on ||K||_1 in mu = N C / (4 ||K||_1): all-zero keys give a huge, finite mu (and tau)."""
+
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def pap_mu(
+    k: torch.Tensor,
+    width: int,
+    *,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """Mu = count * width / (4 ||K||_1) per sample and head, in float32 (float64 for float64 keys).
+
+    Args:
+        k: (B, H, N, D) keys.
+        width: C (reference convention) or D (pcp convention).
+        key_padding_mask: (B, N) bool, True = padded: padded rows count neither in ||K||_1 nor in N.
+        is_causal: per-position mu from prefix sums over positions <= t.
+
+    Returns:
+        (B, H, 1, 1), or (B, H, N, 1) when causal.
+    """
+    row_l1 = k.to(_compute_dtype(k)).abs().sum(-1)  # (B, H, N)
+    valid = None if key_padding_mask is None else (~key_padding_mask)[:, None, :]  # (B, 1, N)
+    if valid is not None:
+        row_l1 = row_l1 * valid
+    if is_causal:
+        count = torch.arange(1, k.shape[2] + 1, device=k.device) if valid is None else valid.cumsum(-1)  # (.., N)
+        l1 = row_l1.cumsum(-1)  # (B, H, N)
+    else:
+        count = torch.tensor(k.shape[2], device=k.device) if valid is None else valid.sum(-1, keepdim=True)
+        l1 = row_l1.sum(-1, keepdim=True)  # (B, H, 1)
+    mu = count.clamp_min(1).to(l1.dtype) * width / (4 * l1.clamp_min(L1_EPS))  # (B, H, N | 1)
+    return mu.unsqueeze(-1)  # (B, H, N | 1, 1)
 
 
 def shrink_with_sign(x: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

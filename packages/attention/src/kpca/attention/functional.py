@@ -16,12 +16,9 @@ import torch.nn.functional as F
 from kpca.attention import _checks
 from kpca.attention._backend import Backend, resolve_backend
 from kpca.attention._masks import combine_masks
-from kpca.attention._pap import PapFirst, PapStep
+from kpca.attention._pap import PapFirst, PapStep, pap_mu
 
 Convention = Literal["reference", "pcp"]
-
-L1_EPS = 1e-12
-"""Floor on ||K||_1 in mu = N C / (4 ||K||_1): all-zero keys give a huge, finite mu (and tau)."""
 
 
 @dataclass(frozen=True)
@@ -110,8 +107,8 @@ def rpc_attention(
     authors' code, the default) ``mu = N C / (4 ||K||_1)`` with C = ``embed_dim`` (default H * D)
     and ``tau = lambd * mu``; with ``convention="pcp"`` (textbook PCP) ``mu = N D / (4 ||K||_1)``
     and ``tau = lambd / mu``. ||K||_1 sums |K| over the (N, D) slice of each sample and head,
-    floored at ``L1_EPS``; mu and the shrink run in float32 (float64 for float64 input), also
-    under autocast. Gradients flow through every step and through mu.
+    floored at ``L1_EPS`` (1e-12, in ``_pap``); mu and the shrink run in float32 (float64 for
+    float64 input), also under autocast. Gradients flow through every step and through mu.
 
     Args:
         k: (B, H, N, D) keys (queries are the keys: RPC-Attention is symmetric).
@@ -167,38 +164,6 @@ def rpc_attention(
     if not return_state:
         return l
     return l, _final_state(k, l, s, z, kt, mu, diagnostics)
-
-
-def pap_mu(
-    k: torch.Tensor,
-    width: int,
-    *,
-    key_padding_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-) -> torch.Tensor:
-    """Mu = count * width / (4 ||K||_1) per sample and head, in float32 (float64 for float64 keys).
-
-    Args:
-        k: (B, H, N, D) keys.
-        width: C (reference convention) or D (pcp convention).
-        key_padding_mask: (B, N) bool, True = padded: padded rows count neither in ||K||_1 nor in N.
-        is_causal: per-position mu from prefix sums over positions <= t.
-
-    Returns:
-        (B, H, 1, 1), or (B, H, N, 1) when causal.
-    """
-    row_l1 = k.to(torch.float64 if k.dtype == torch.float64 else torch.float32).abs().sum(-1)  # (B, H, N)
-    valid = None if key_padding_mask is None else (~key_padding_mask)[:, None, :]  # (B, 1, N)
-    if valid is not None:
-        row_l1 = row_l1 * valid
-    if is_causal:
-        count = torch.arange(1, k.shape[2] + 1, device=k.device) if valid is None else valid.cumsum(-1)  # (.., N)
-        l1 = row_l1.cumsum(-1)  # (B, H, N)
-    else:
-        count = torch.tensor(k.shape[2], device=k.device) if valid is None else valid.sum(-1, keepdim=True)
-        l1 = row_l1.sum(-1, keepdim=True)  # (B, H, 1)
-    mu = count.clamp_min(1).to(l1.dtype) * width / (4 * l1.clamp_min(L1_EPS))  # (B, H, N | 1)
-    return mu.unsqueeze(-1)  # (B, H, N | 1, 1)
 
 
 def _check_common(attn_mask, key_padding_mask, dropout_p, scale, b: int, h: int, n: int) -> None:

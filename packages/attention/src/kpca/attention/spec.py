@@ -33,7 +33,7 @@ class AttentionSpec:
         lambd: PAP sparsity weight (> 0, finite); used by ``rpc`` only.
         layers: ``"all"`` or a list of block indices that get ``kind``. With ``rpc`` the other
             blocks are symmetric softmax (an RPC model is a SymViT with PAP in chosen blocks);
-            with ``softmax`` / ``symmetric`` the other blocks are left as they are.
+            with ``softmax`` / ``symmetric`` the other blocks are left as they are (see :meth:`per_block`).
         convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP).
         backend: ``auto``, ``torch`` or ``triton`` (see ``kpca.attention.set_backend``).
     """
@@ -67,6 +67,24 @@ class AttentionSpec:
         if too_big:
             raise ValueError(f"AttentionSpec.layers {too_big} out of range for a model with {depth} blocks")
         return sorted(self.layers)
+
+    def per_block(self, depth: int) -> list[AttentionSpec | None]:
+        """The attention of each of ``depth`` blocks, as ``swap_attention`` and the apps apply it.
+
+        Args:
+            depth: number of blocks in the model.
+
+        Returns:
+            One entry per block: this spec for the blocks :meth:`block_indices` selects; for the
+            others, with ``kind == "rpc"``, a symmetric spec on the same backend (an RPC model is a
+            SymViT with PAP in chosen blocks), else None, meaning "leave that block's attention as it is".
+
+        Raises:
+            ValueError: if ``layers`` names a block index >= ``depth``.
+        """
+        chosen = set(self.block_indices(depth))
+        rest = AttentionSpec(kind="symmetric", backend=self.backend) if self.kind == "rpc" else None
+        return [self if i in chosen else rest for i in range(depth)]
 
     def build(self, dim: int, num_heads: int = 8, **kwargs) -> nn.Module:
         """Build the attention module of ``kind`` with timm ``Attention`` keywords (``qkv_bias``, ...)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kpca.attention.layout import convert_qkv_rows, is_symmetric_qkv
 from kpca.attention.spec import AttentionSpec
 
 
@@ -28,8 +29,9 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
     ``Attention`` layout (``qkv``, ``proj``, ``num_heads``), timm's or ours. Weights move where they
     fit: asymmetric -> symmetric keeps the K and V rows of ``qkv`` and drops Q (and ``q_norm``);
     symmetric -> asymmetric initialises Q from K, so the new model computes the same function;
-    symmetric <-> RPC move every parameter (RPC adds none). With ``spec.kind == "rpc"`` the blocks
-    outside ``spec.layers`` become symmetric softmax attention.
+    symmetric <-> RPC move every parameter (RPC adds none). Which block gets what is
+    :meth:`AttentionSpec.per_block`: with ``spec.kind == "rpc"`` the blocks outside ``spec.layers``
+    become symmetric softmax attention, otherwise they are left as they are.
 
     Returns:
         One :class:`AttentionSwap` per replaced module (blocks already of the wanted kind and
@@ -40,11 +42,8 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
         raise TypeError(
             f"swap_attention needs a timm VisionTransformer-like model with .blocks[i].attn, got {type(model).__name__}"
         )
-    chosen = set(spec.block_indices(len(blocks)))
-    symmetric_rest = AttentionSpec(kind="symmetric", backend=spec.backend)
     swaps = []
-    for i, block in enumerate(blocks):
-        target = spec if i in chosen else (symmetric_rest if spec.kind == "rpc" else None)
+    for i, (block, target) in enumerate(zip(blocks, spec.per_block(len(blocks)), strict=True)):
         if target is None:
             continue
         new, weights = _convert(block.attn, target)
@@ -60,7 +59,7 @@ def _convert(old: nn.Module, spec: AttentionSpec) -> tuple[nn.Module, str]:
         raise TypeError(f"cannot swap {type(old).__name__}: expected timm Attention layout (qkv, proj, num_heads)")
     num_heads = old.num_heads
     attn_dim = getattr(old, "attn_dim", None) or old.head_dim * num_heads
-    old_symmetric = qkv.out_features == 2 * attn_dim
+    old_symmetric = is_symmetric_qkv(qkv.weight, attn_dim)
     new = spec.build(
         qkv.in_features,
         num_heads,
@@ -83,12 +82,8 @@ def _convert(old: nn.Module, spec: AttentionSpec) -> tuple[nn.Module, str]:
     with torch.no_grad():
         for name in ("weight", "bias"):
             src = getattr(qkv, name)
-            if src is None:
-                continue
-            k_rows, v_rows = (src[:attn_dim], src[attn_dim:]) if old_symmetric else src[attn_dim:].chunk(2)
-            q_rows = k_rows if old_symmetric else src[:attn_dim]
-            rows = [k_rows, v_rows] if new_symmetric else [q_rows, k_rows, v_rows]
-            getattr(new.qkv, name).copy_(torch.cat(rows))
+            if src is not None:
+                getattr(new.qkv, name).copy_(convert_qkv_rows(src, attn_dim, new_symmetric))
         new.proj.load_state_dict(proj.state_dict())
         if new.gate is not None:
             new.gate.load_state_dict(old.gate.state_dict())

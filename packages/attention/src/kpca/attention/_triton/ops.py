@@ -16,8 +16,8 @@ from typing import Optional
 import torch
 import triton
 
+from kpca.attention._pap import L1_EPS
 from kpca.attention._triton import kernels
-from kpca.attention.functional import L1_EPS
 
 MAX_BLOCK_ELEMENTS = 4096
 """Elements per element-wise tile: BLOCK_R = MAX_BLOCK_ELEMENTS // BLOCK_D rows of BLOCK_D columns."""
@@ -244,7 +244,7 @@ def pap_mu_op(
     is_causal: bool,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mu, ||K||_1)`` as in ``functional.pap_mu``: (B, H, 1, 1), or (B, H, N, 1) when causal, float32."""
+    """``(mu, ||K||_1)`` as in ``_pap.pap_mu``: (B, H, 1, 1), or (B, H, N, 1) when causal, float32."""
     _check_keys("k", k)
     b, h, n, d = k.shape
     if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (b, n)):
@@ -355,5 +355,5 @@ def pap_step(
 def pap_mu(
     k: torch.Tensor, width: int, *, key_padding_mask: torch.Tensor | None = None, is_causal: bool = False
 ) -> torch.Tensor:
-    """``functional.pap_mu`` on the Triton kernels: (B, H, 1, 1), or (B, H, N, 1) when causal, float32."""
+    """``_pap.pap_mu`` on the Triton kernels: (B, H, 1, 1), or (B, H, N, 1) when causal, float32."""
     return pap_mu_op(k, key_padding_mask, width, is_causal, L1_EPS)[0]

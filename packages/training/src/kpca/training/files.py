@@ -1,4 +1,4 @@
-"""Atomic file writes: a crash mid-write never leaves a truncated file where readers look."""
+"""Atomic file and folder writes: a crash mid-write never leaves a truncated file or half a folder in place."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Loading classifier weights from our checkpoints, timm/DeiT files or the authors' SymViT/RPC files."""
+"""Loading ViT weights from our checkpoints, timm/DeiT files or the authors' SymViT/RPC files into a timm ViT."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from timm.layers import resample_abs_pos_embed
 from torch import nn
+
+from kpca.attention import convert_qkv_rows
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +80,11 @@ def _fit(key: str, src: torch.Tensor, dst: torch.Tensor, num_prefix_tokens: int)
         return src, ""
     if key.endswith(("attn.qkv.weight", "attn.qkv.bias")) and src.shape[1:] == dst.shape[1:]:
         width = dst.shape[0] // 2 if dst.shape[0] % 3 else dst.shape[0] // 3
-        if src.shape[0] == 3 * width and dst.shape[0] == 2 * width:
-            return src[width:], f"{key}: K, V rows kept, Q dropped (asymmetric -> symmetric)"
-        if src.shape[0] == 2 * width and dst.shape[0] == 3 * width:
-            return torch.cat([src[:width], src]), f"{key}: Q initialised from K (symmetric -> asymmetric)"
+        if {src.shape[0], dst.shape[0]} == {2 * width, 3 * width}:
+            to_symmetric = dst.shape[0] == 2 * width
+            dropped, initialised = "K, V rows kept, Q dropped", "Q initialised from K (symmetric -> asymmetric)"
+            note = f"{dropped} (asymmetric -> symmetric)" if to_symmetric else initialised
+            return convert_qkv_rows(src, width, symmetric=to_symmetric), f"{key}: {note}"
     if key == "pos_embed" and src.shape[-1] == dst.shape[-1]:
         grid = int(math.isqrt(dst.shape[1] - num_prefix_tokens))
         resized = resample_abs_pos_embed(src, [grid, grid], num_prefix_tokens=num_prefix_tokens)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from kpca.vision_cls._atomic import write_atomic
+from kpca.training.files import write_atomic
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kpca.vision_cls._atomic import write_atomic, write_tree_atomic
+from kpca.training.files import write_atomic, write_tree_atomic
 
 
 @pytest.fixture

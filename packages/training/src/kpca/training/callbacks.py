@@ -1,0 +1,119 @@
+"""Callbacks every app gets: per-RPC-layer PAP diagnostics, throughput, and the trainer's TensorBoard writer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import nn
+
+from kpca.attention import RPCAttention
+
+
+def rpc_layers(net: nn.Module) -> dict[str, RPCAttention]:
+    """The RPC attention modules of ``net`` by their qualified name in ``net``."""
+    return {name: m for name, m in net.named_modules() if isinstance(m, RPCAttention)}
+
+
+def rpc_tag(name: str) -> str:
+    """The log tag of an RPC layer: its path in the module's network without the trailing ``.attn``.
+
+    E.g. ``vit.blocks.0.attn`` -> ``vit.blocks.0``, ``decoder.blocks.0.attn`` -> ``decoder.blocks.0``.
+    """
+    return name.removesuffix(".attn")
+
+
+def tensorboard_writer(trainer: pl.Trainer):
+    """The ``SummaryWriter`` of the trainer's first TensorBoard logger, or None when it has none."""
+    for lg in trainer.loggers:
+        if isinstance(lg, TensorBoardLogger):
+            return lg.experiment
+    return None
+
+
+class RPCDiagnostics(pl.Callback):
+    """Every ``every_n_steps`` training steps, log each RPC layer's fraction of non-zero S and PAP residual.
+
+    The PAP state is recorded only on those steps, so other steps pay nothing, and written to the loggers at
+    the step it was recorded (not held until Lightning's next ``log_every_n_steps``). The layers are those of the
+    LightningModule's network (``pl_module.net``, or the module itself when it has none), tagged by their
+    path in it (:func:`rpc_tag`), the same rule in every app. Keys: ``train/rpc/<tag>/nonzero_S`` and
+    ``train/rpc/<tag>/residual`` (last iteration, mean over samples and heads), and
+    ``train/rpc/<tag>/residual_first`` for the first iteration.
+
+    Args:
+        every_n_steps: logging period in optimizer steps.
+    """
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self._step = 0
+
+    @staticmethod
+    def _layers(pl_module: pl.LightningModule) -> dict[str, RPCAttention]:
+        net = getattr(pl_module, "net", None)
+        return rpc_layers(net if isinstance(net, nn.Module) else pl_module)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+        record = self._step % self.every_n_steps == 0
+        for layer in self._layers(pl_module).values():
+            layer.record_state = record
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        metrics = {}
+        for name, layer in self._layers(pl_module).items():
+            if not layer.record_state or layer.last_state is None:
+                continue
+            state, tag = layer.last_state, rpc_tag(name)
+            metrics[f"train/rpc/{tag}/nonzero_S"] = float(state.nonzero_fraction[-1].mean())
+            metrics[f"train/rpc/{tag}/residual"] = float(state.residual[-1].mean())
+            metrics[f"train/rpc/{tag}/residual_first"] = float(state.residual[0].mean())
+            layer.record_state = False
+            layer.last_state = None
+        if metrics:  # straight to the loggers (rank 0 writes), at the recorded step, as LearningRateMonitor does
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=self._step)
+
+
+class Throughput(ThroughputMonitor):
+    """Lightning's ``ThroughputMonitor`` with its rolling window as an argument the CLI can set.
+
+    Logs ``train/device/samples_per_sec`` (and ``train/samples_per_sec`` over all processes when there are
+    several), ``.../items_per_sec`` when ``length_fn`` counts items (tokens), each a mean over the last
+    ``window_size`` batches, data loading included; the same for validation under ``validate/``. It measures
+    ``fit`` only: ``test`` and ``predict`` batches have other layouts (prompts, lists of images) and their
+    speed is not a training concern.
+
+    Args:
+        batch_size_fn: samples in a batch.
+        length_fn: items (e.g. tokens) in a batch; None logs no items.
+        window_size: batches in the rolling mean (at least 2); nothing is logged before that many.
+    """
+
+    def __init__(
+        self,
+        batch_size_fn: Callable[[Any], int],
+        length_fn: Callable[[Any], int] | None = None,
+        window_size: int = 20,
+    ) -> None:
+        if window_size < 2:
+            raise ValueError(f"window_size must be >= 2 (a rate needs two time stamps), got {window_size}")
+        super().__init__(batch_size_fn, length_fn, window_size=window_size)
+
+    def on_test_start(self, *args: Any) -> None:
+        """Not measured (see the class docstring)."""
+
+    def on_test_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        """Not measured (see the class docstring)."""
+
+    def on_predict_start(self, *args: Any) -> None:
+        """Not measured (see the class docstring)."""
+
+    def on_predict_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        """Not measured (see the class docstring)."""

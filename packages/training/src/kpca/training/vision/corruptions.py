@@ -1,0 +1,54 @@
+"""Image corruptions: the ImageNet-C list (Hendrycks & Dietterich) and reproducible ``imagecorruptions`` calls."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import numpy as np
+from imagecorruptions import corrupt, corruption_dict, get_corruption_names
+
+IMAGENET_C_GROUPS: dict[str, tuple[str, ...]] = {
+    "noise": ("gaussian_noise", "shot_noise", "impulse_noise"),
+    "blur": ("defocus_blur", "glass_blur", "motion_blur", "zoom_blur"),
+    "weather": ("snow", "frost", "fog", "brightness"),
+    "digital": ("contrast", "elastic_transform", "pixelate", "jpeg_compression"),
+}
+IMAGENET_C_CORRUPTIONS: tuple[str, ...] = tuple(c for group in IMAGENET_C_GROUPS.values() for c in group)
+"""The 15 benchmark corruptions, in ImageNet-C's order (``imagecorruptions`` also has 4 extra ones)."""
+IMAGENET_C_SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
+
+
+def check_corruptions(corruptions: Sequence[str], severities: Sequence[int]) -> None:
+    """Raise ValueError on unknown corruption names or severities outside 1-5."""
+    known = get_corruption_names("all")
+    unknown = [c for c in corruptions if c not in known]
+    if unknown:
+        raise ValueError(f"Unknown corruption(s) {unknown}; choose from {known}.")
+    bad = [s for s in severities if s not in IMAGENET_C_SEVERITIES]
+    if bad:
+        raise ValueError(f"Severities {bad} are invalid; severities must be integers in 1-5.")
+
+
+def corrupt_seeded(image: np.ndarray, corruption: str, severity: int, seed: int) -> np.ndarray:
+    """Apply an ``imagecorruptions`` corruption reproducibly.
+
+    The corruptions draw from NumPy's global RNG (``impulse_noise`` and ``glass_blur`` take a ``seed`` instead), so
+    the global RNG is seeded for the call and restored afterwards, and ``seed`` is passed where it is accepted.
+
+    Args:
+        image: (H, W, 3) uint8 array, H and W at least 32.
+        corruption: A name from ``imagecorruptions.get_corruption_names("all")``.
+        severity: 1 to 5.
+        seed: Seed in [0, 2**32).
+
+    Returns:
+        The corrupted (H, W, 3) uint8 array.
+    """
+    kwargs = {"seed": seed} if "seed" in inspect.signature(corruption_dict[corruption]).parameters else {}
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        return corrupt(image, severity=severity, corruption_name=corruption, **kwargs)
+    finally:
+        np.random.set_state(state)
