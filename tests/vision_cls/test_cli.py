@@ -1,6 +1,7 @@
 """The vision-cls command: every config through --print_config, and real fits, tests and resumes on the digits (CPU)."""
 
 import csv
+import logging
 import os
 import subprocess
 import sys
@@ -112,10 +113,16 @@ def test_load_from_checkpoint_rebuilds_the_injected_net(short_fit: VisionCLI):
 
 @EMA_IN_EVAL_MODE
 @NEW_CHECKPOINT_DIR
-def test_test_subcommand_writes_robustness_reports(short_fit: VisionCLI, digits_cache_dir: Path):
+def test_test_subcommand_writes_robustness_reports(
+    short_fit: VisionCLI, digits_cache_dir: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+):
     root = Path(short_fit.trainer.default_root_dir)
     path = Path(short_fit.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    caplog.set_level(logging.INFO, logger="kpca")
     cli = run("test", *smoke(root, digits_cache_dir), f"--ckpt_path={path}")
+    # the console shows the report's table once, not Lightning's table per test loader (3 loaders here)
+    assert "Test metric" not in capsys.readouterr().out
+    assert sum("| clean/acc1 |" in record.getMessage() for record in caplog.records) == 1
     out = Path(cli.trainer.log_dir)
     assert {"robustness.md", "robustness.csv", "robustness_corrupted.md", "robustness_corrupted.csv"} <= {
         p.name for p in out.iterdir()
