@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install demo demo-lm demo-seg smoke smoke-lm smoke-seg test test-fast test-slow test-gpu bench lint tensorboard clean
+.PHONY: install demo demo-lm demo-seg smoke smoke-lm smoke-seg test test-fast test-slow test-gpu bench lint tensorboard docker clean
 
 $(STAMP): requirements/constraints.txt requirements/dev.txt $(wildcard packages/*/pyproject.toml apps/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,9 @@ lint: $(STAMP)
 
 tensorboard: $(STAMP)  ## serve the runs
 	$(VENV)/bin/tensorboard --logdir runs
+
+docker:  ## build the CUDA image (docker/Dockerfile) as kpca; the build fails if Triton cannot compile its launcher
+	docker build -f docker/Dockerfile -t kpca .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

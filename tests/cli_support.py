@@ -1,12 +1,18 @@
 """What the apps' CLI tests share: the configs folder, running a command as from a shell, smoke-run options."""
 
 import os
+import re
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CPU = CONFIGS / "trainer" / "cpu.yaml"
@@ -29,3 +35,71 @@ def smoke_options(smoke: Path, root: Path, cache: Path, *extra: object) -> list[
         "-c", CPU, "-c", smoke, f"--data.cache_dir={cache}", f"--trainer.default_root_dir={root}",
         f"--trainer.logger.init_args.save_dir={root / 'runs'}", "--trainer.enable_progress_bar=false", *extra,
     ]  # fmt: skip
+
+
+def fit_command(app: str, options: list[object]) -> list[str]:
+    """``python -m kpca.<app> fit <options> --ckpt_path auto``: the command a cluster job reruns after a kill."""
+    return [sys.executable, "-m", f"kpca.{app}", "fit", *map(str, options), "--ckpt_path", "auto"]
+
+
+def run_to_the_end(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``command`` as from a shell (offline hubs) and fail with its stderr if it fails."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def kill_after_first_checkpoint(command: list[str], cwd: Path, last: Path) -> int:
+    """Start ``command``, SIGKILL it as soon as ``last`` (its last.ckpt) exists, and return that file's step.
+
+    The run must still be training then (give it epochs to spare): the test fails if it finished first.
+    """
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while not last.is_file() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL, f"the run ended before it was killed:\n{stderr.decode()[-3000:]}"
+    return int(torch.load(last, map_location="cpu", weights_only=True)["global_step"])
+
+
+def assert_same_weights(left: Path, right: Path) -> None:
+    """The two checkpoints hold bit-identical model weights and the same global step."""
+    a, b = (torch.load(p, map_location="cpu", weights_only=True) for p in (left, right))
+    assert a["global_step"] == b["global_step"]
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for name, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][name]), name
+
+
+def assert_rerun_resumes(
+    app: str, options_for: Callable[[Path], list[object]], tmp_path: Path, total_steps: int
+) -> None:
+    """The README's cluster promise, as a user lives it: a fit killed with SIGKILL after its first checkpoint,
+    rerun with the same command, continues from that checkpoint in the same run folder, on one TensorBoard step
+    axis, and ends with the weights of an uninterrupted run (deterministic CPU).
+
+    ``options_for(root)`` gives the app's fit options writing under ``root``; the run must save a checkpoint
+    each epoch and train ``total_steps`` steps over several epochs.
+    """
+    straight = tmp_path / "straight"
+    run_to_the_end(fit_command(app, options_for(straight)), tmp_path)
+    killed = tmp_path / "killed"
+    command = fit_command(app, options_for(killed))
+    run_dir = killed / "runs" / "lightning_logs" / "version_0"
+    killed_at = kill_after_first_checkpoint(command, tmp_path, run_dir / "checkpoints" / "last.ckpt")
+    rerun = run_to_the_end(command, tmp_path)
+    restored = re.search(r"auto resume: restoring (\S+) \(step (\d+)\)", rerun.stderr)
+    assert restored is not None, rerun.stderr[-3000:]
+    assert Path(restored[1]).parent == (run_dir / "checkpoints").resolve()
+    assert killed_at <= int(restored[2]) < total_steps  # it continued; it did not start over
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["version_0"]  # logs and checkpoints stay in one folder
+    straight_last = straight / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert_same_weights(run_dir / "checkpoints" / "last.ckpt", straight_last)
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    steps = [event.step for event in events.Scalars("train/loss_step")]
+    assert steps == sorted(set(steps)) and steps[-1] == total_steps - 1  # one step axis, no repeated steps

@@ -1,10 +1,15 @@
-"""Backend selection: the global default, the environment override, per-call choice and every error.
+"""Backend selection: the global default, the environment override, per-call choice, every error, and the
+fallback of ``auto`` to torch when Triton fails at its first use.
 
 No GPU needed: CUDA inputs are fake tensors (``FakeTensorMode``), which carry a device, dtype and
-shape but no data, and only the dispatch rule looks at them.
+shape but no data, and only the dispatch rule looks at them. The fallback is driven by a real
+failing Triton launch: CPU tensors sent to compiled (not interpreted) kernels, in a subprocess.
 """
 
+import json
 import logging
+import os
+import subprocess
 import sys
 
 import pytest
@@ -26,9 +31,11 @@ from kpca.attention._backend import ENV_VAR, resolve_backend
 
 @pytest.fixture(autouse=True)
 def _fresh_backend_state(monkeypatch):
-    """No global default, no environment override, nothing logged yet; all restored after the test."""
+    """No global default, no environment override, nothing logged yet, Triton untried; all restored after the test."""
     monkeypatch.setattr(_backend, "_default", None)
     monkeypatch.setattr(_backend, "_logged", set())
+    monkeypatch.setattr(_backend, "_triton_failure", None)
+    monkeypatch.setattr(_backend, "_triton_ran", False)
     monkeypatch.delenv(ENV_VAR, raising=False)
 
 
@@ -164,3 +171,65 @@ def test_modules_resolve_their_backend_at_each_call(no_interpreter):
         torch.testing.assert_close(module(x), expected)
     with pytest.raises(RuntimeError, match="the inputs are on cpu"):
         RPCAttention(8, 2, n_iter=2, backend="triton")(x)
+
+
+FALLBACK_CODE = """
+import json, logging.handlers, torch
+from kpca.attention import _backend, rpc_attention
+from kpca.attention._backend import resolve_backend
+
+handler = logging.handlers.BufferingHandler(capacity=100)
+handler.setLevel(logging.WARNING)
+logging.getLogger("kpca.attention").addHandler(handler)
+_backend.TRITON_DEVICE_TYPES = ("cuda", "cpu")  # "auto" sends CPU inputs to the compiled kernels: their launch fails
+k, v = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
+result = {"picked": resolve_backend("auto", k)}
+expected = rpc_attention(k, v, n_iter=3, lambd=0.5, backend="torch")
+result["equal"] = [torch.equal(rpc_attention(k, v, n_iter=3, lambd=0.5), expected) for _ in range(2)]
+result["picked_after"] = resolve_backend("auto", k)
+result["explicit_error"] = None
+try:
+    rpc_attention(k, v, n_iter=3, lambd=0.5, backend="triton")
+except Exception as err:
+    result["explicit_error"] = f"{type(err).__name__}: {err}"
+result["warnings"] = [record.getMessage() for record in handler.buffer]
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.triton
+def test_auto_falls_back_to_torch_once_when_the_triton_launch_fails():
+    """A real launch failure, "0 active drivers" on a CPU machine (a CPU-pointer error where CUDA is present)."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled kernels, not the interpreter
+    done = subprocess.run([sys.executable, "-c", FALLBACK_CODE], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["picked"] == "triton" and result["picked_after"] == "torch"
+    assert result["equal"] == [True, True]  # the failing call and the next one: the torch path's output
+    cause = result["explicit_error"]
+    assert cause is not None, "an explicit backend='triton' must raise the real error"
+    if not torch.cuda.is_available():
+        assert cause == "RuntimeError: 0 active drivers ([]). There should only be one."
+    assert result["warnings"] == [f"backend='auto': Triton failed at its first use ({cause}); using torch from now on"]
+
+
+@pytest.mark.triton
+def test_auto_keeps_triton_that_works_and_lets_later_errors_through(monkeypatch, caplog):
+    pytest.importorskip("triton")
+    if not _backend.interpreter_enabled():
+        pytest.skip("runs the kernels on CPU under TRITON_INTERPRET=1 (conftest.py sets it only where CUDA is absent)")
+    monkeypatch.setattr(_backend, "TRITON_DEVICE_TYPES", ("cuda", "cpu"))  # "auto" sends CPU inputs to the kernels
+    k, v = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    torch.testing.assert_close(
+        rpc_attention(k, v, n_iter=2, lambd=0.5), rpc_attention(k, v, n_iter=2, lambd=0.5, backend="torch")
+    )
+    assert _backend._triton_ran
+
+    def run(impl):
+        raise MemoryError(f"out of memory on {impl}")  # an error of the call, once Triton has run
+
+    with pytest.raises(MemoryError, match="out of memory on triton"):
+        _backend.run_on_backend("auto", k, run)
+    assert resolve_backend("auto", k) == "triton"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

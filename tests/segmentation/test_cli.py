@@ -14,7 +14,7 @@ from kpca.segmentation.cli import SegmentationCLI, main
 from kpca.segmentation.model import Segmenter
 from kpca.segmentation.module import SegmentationModule
 from kpca.training.checkpoint_io import AtomicCheckpointIO
-from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
+from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, assert_rerun_resumes, run_cli, smoke_options
 
 pytestmark = pytest.mark.mmseg
 
@@ -117,16 +117,13 @@ def test_predict_subcommand_gives_label_maps_at_the_original_size(short_fit: Seg
     assert pred.shape == (48, 48) and pred.dtype == torch.uint8 and int(pred.max()) < 150
 
 
-@NEW_CHECKPOINT_DIR
-def test_resume_from_an_epoch_checkpoint_reproduces_the_uninterrupted_run(tmp_path: Path, seg_cache_dir: Path):
-    two_epochs = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
-    straight = run("fit", *smoke(tmp_path / "straight", seg_cache_dir, *two_epochs), "--checkpoint.save_top_k=-1")
-    first_epoch = Path(straight.trainer.checkpoint_callback.dirpath) / "best-000.ckpt"
-    resumed = run("fit", *smoke(tmp_path / "resumed", seg_cache_dir, *two_epochs), f"--ckpt_path={first_epoch}")
-    assert resumed.trainer.global_step == straight.trainer.global_step == 4
-    expected = straight.model.state_dict()
-    for name, value in resumed.model.state_dict().items():
-        assert torch.equal(value, expected[name]), name
+@pytest.mark.slow
+def test_a_killed_fit_resumes_when_the_same_command_is_rerun(tmp_path: Path, seg_cache_dir: Path):
+    epochs = [
+        "--trainer.max_epochs=4", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+        "--trainer.log_every_n_steps=1",
+    ]  # fmt: skip
+    assert_rerun_resumes("segmentation", lambda root: smoke(root, seg_cache_dir, *epochs), tmp_path, total_steps=8)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from kpca.training.checkpoint_io import AtomicCheckpointIO
 from kpca.vision_cls.cli import VisionCLI, main
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
-from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
+from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, assert_rerun_resumes, run_cli, smoke_options
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 
@@ -136,17 +136,52 @@ def test_test_subcommand_writes_robustness_reports(
 
 
 @EMA_IN_EVAL_MODE
-@NEW_CHECKPOINT_DIR
-def test_resume_from_an_epoch_checkpoint_reproduces_the_uninterrupted_run(tmp_path: Path, digits_cache_dir: Path):
-    two_epochs = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
-    two_epochs.append("--trainer.log_every_n_steps=1")
-    straight = run("fit", *smoke(tmp_path / "straight", digits_cache_dir, *two_epochs), "--checkpoint.save_top_k=-1")
-    first_epoch = Path(straight.trainer.checkpoint_callback.dirpath) / "best-000.ckpt"
-    resumed = run("fit", *smoke(tmp_path / "resumed", digits_cache_dir, *two_epochs), f"--ckpt_path={first_epoch}")
-    assert resumed.trainer.global_step == straight.trainer.global_step == 4
-    expected = straight.model.state_dict()
-    for name, value in resumed.model.state_dict().items():
-        assert torch.equal(value, expected[name]), name
+def test_auto_resume_skips_a_damaged_last_checkpoint_and_an_explicit_one_is_refused(
+    tmp_path: Path, digits_cache_dir: Path, caplog: pytest.LogCaptureFixture
+):
+    options = smoke(
+        tmp_path, digits_cache_dir, "--trainer.max_epochs=2", "--trainer.limit_train_batches=2",
+        "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1", "--ckpt_path=auto",
+    )  # fmt: skip
+    first = run("fit", *options, "--trainer.max_epochs=1")  # another experiment (1 epoch): not resumed below
+    folder = Path(first.trainer.checkpoint_callback.dirpath)
+    caplog.set_level(logging.INFO, logger="kpca")
+    run("fit", *options)
+    assert "auto resume: no readable checkpoint of this experiment" in caplog.text  # version_0 has another config
+    folder = tmp_path / "runs" / "lightning_logs" / "version_1" / "checkpoints"
+    last = folder / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a copy cut short by a dying node
+    caplog.clear()
+    resumed = run("fit", *options)
+    assert f"auto resume: skipping {last.resolve()}: it is truncated" in caplog.text
+    assert f"auto resume: restoring {(folder / 'best-000.ckpt').resolve()} (step 2)" in caplog.text
+    assert resumed.trainer.global_step == 4 and Path(resumed.trainer.log_dir).name == "version_1"
+    last.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"last.ckpt' cannot be resumed from: it is empty .* --ckpt_path auto"):
+        run("fit", *options[:-1], f"--ckpt_path={last}")
+
+
+@EMA_IN_EVAL_MODE
+def test_a_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path: Path, digits_cache_dir: Path):
+    options = smoke(
+        tmp_path, digits_cache_dir, "--trainer.limit_train_batches=3", "--trainer.log_every_n_steps=1",
+        "--checkpoint.every_n_train_steps=1", "--checkpoint.monitor=null",
+        "--model.optimizer.init_args.lr=1e30", "--model.warmup_epochs=0", "--model.lr_batch_reference=0",
+    )  # fmt: skip
+    with pytest.raises(FloatingPointError, match=r"non-finite training step 1 .* loss nan") as error:
+        run("fit", *options)
+    assert "nonfinite_loss.action=skip" in str(error.value)
+    last = torch.load(next(tmp_path.rglob("last.ckpt")), weights_only=True)
+    assert last["global_step"] == 1 and all(torch.isfinite(v).all() for v in last["state_dict"].values())
+
+
+@pytest.mark.slow
+def test_a_killed_fit_resumes_when_the_same_command_is_rerun(tmp_path: Path, digits_cache_dir: Path):
+    epochs = [
+        "--trainer.max_epochs=4", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+        "--trainer.log_every_n_steps=1",
+    ]  # fmt: skip
+    assert_rerun_resumes("vision_cls", lambda root: smoke(root, digits_cache_dir, *epochs), tmp_path, total_steps=8)
 
 
 @pytest.mark.slow

@@ -8,6 +8,9 @@ Which backend a call uses, most specific first: an explicit ``backend="torch" | 
 call or module; else the global default (:func:`set_backend` / :func:`use_backend`); else the
 environment variable ``KPCA_ATTN_BACKEND``; else ``auto``, which takes Triton for CUDA inputs it
 supports when triton imports, and torch otherwise (each distinct choice logged once at DEBUG).
+If Triton, chosen by ``auto``, fails at its first use in the process (no C compiler to build its
+launcher, a GPU it does not support, a driver error), one WARNING names the cause and ``auto``
+runs torch from then on, starting with that call (same results).
 A backend named explicitly, anywhere in that chain, never falls back: it raises and says why.
 Triton is imported only when a call resolves to it.
 """
@@ -18,8 +21,8 @@ import contextlib
 import importlib
 import logging
 import os
-from collections.abc import Iterator
-from typing import Literal
+from collections.abc import Callable, Iterator
+from typing import Literal, TypeVar
 
 import torch
 
@@ -29,10 +32,18 @@ ENV_VAR = "KPCA_ATTN_BACKEND"
 MAX_HEAD_DIM = 256
 """Largest head dim D the Triton kernels take (one row of D values per tile row)."""
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TRITON_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
+"""Device types the compiled Triton kernels take and ``auto`` sends to them.
 
+Tests add ``"cpu"`` to drive a real failing launch (no GPU, no interpreter) through ``auto``'s fallback.
+"""
+
+T = TypeVar("T")
 _logger = logging.getLogger(__name__)
 _default: str | None = None  # set_backend's value; None defers to ENV_VAR, then "auto"
 _logged: set[tuple[str, str]] = set()
+_triton_failure: str | None = None  # why Triton failed at its first use under "auto"; "auto" then takes torch
+_triton_ran = False  # Triton ran once under "auto": later errors are the call's, not the setup's, and propagate
 
 
 def check_backend(backend: str, source: str = "backend") -> None:
@@ -95,8 +106,7 @@ def resolve_backend(backend: str, k: torch.Tensor) -> Literal["torch", "triton"]
         ValueError: ``backend`` (or ``$KPCA_ATTN_BACKEND``) is not a known backend name.
         RuntimeError: ``"triton"`` was requested explicitly and cannot take these inputs.
     """
-    check_backend(backend)
-    requested = get_backend() if backend == "auto" else backend
+    requested = _requested(backend)
     if requested == "torch":
         return "torch"
     if requested == "triton":
@@ -107,6 +117,34 @@ def resolve_backend(backend: str, k: torch.Tensor) -> Literal["torch", "triton"]
     return _auto_choice(k.device.type, k.dtype, k.shape[-1])
 
 
+def run_on_backend(backend: str, k: torch.Tensor, run: Callable[[str], T]) -> T:
+    """``run(impl)`` on the implementation :func:`resolve_backend` picks for ``backend`` and keys ``k``.
+
+    When ``auto`` picked Triton and Triton's first use in this process fails (``run("triton")``
+    raises: no C compiler for its launcher, an unsupported GPU, a driver error), log one warning
+    with the cause, remember Triton as unusable for the process and return ``run("torch")``. A
+    Triton backend requested explicitly raises instead; so does any error after Triton ran once.
+    """
+    global _triton_failure, _triton_ran
+    impl = resolve_backend(backend, k)
+    if impl == "torch" or _triton_ran or _requested(backend) == "triton":
+        return run(impl)
+    try:
+        out = run("triton")
+    except Exception as err:
+        _triton_failure = f"{type(err).__name__}: {err}"
+        _logger.warning("backend='auto': Triton failed at its first use (%s); using torch from now on", _triton_failure)
+        return run("torch")
+    _triton_ran = True
+    return out
+
+
+def _requested(backend: str) -> str:
+    """The backend a call asks for: ``backend`` itself, or the global default when it is ``"auto"``."""
+    check_backend(backend)
+    return get_backend() if backend == "auto" else backend
+
+
 # The helpers below import triton and log: torch.compile runs them while tracing and keeps their
 # results as constants (its guards on the inputs' device and dtype cover their arguments).
 
@@ -114,7 +152,7 @@ def resolve_backend(backend: str, k: torch.Tensor) -> Literal["torch", "triton"]
 @torch.compiler.assume_constant_result
 def _triton_unsupported(device_type: str, dtype: torch.dtype, head_dim: int) -> str | None:
     """Why the kernels cannot take inputs of this device type, dtype and head dim here, or None."""
-    if device_type != "cuda" and not (device_type == "cpu" and interpreter_enabled()):
+    if device_type not in TRITON_DEVICE_TYPES and not (device_type == "cpu" and interpreter_enabled()):
         return (
             f"the inputs are on {device_type}, and the Triton kernels need CUDA tensors "
             "(CPU tensors only under TRITON_INTERPRET=1, Triton's interpreter, for tests)"
@@ -133,12 +171,14 @@ def _triton_unsupported(device_type: str, dtype: torch.dtype, head_dim: int) -> 
 @torch.compiler.assume_constant_result
 def _auto_choice(device_type: str, dtype: torch.dtype, head_dim: int) -> str:
     """``auto``: Triton for CUDA inputs the kernels take, torch otherwise; each distinct choice logged once."""
-    if device_type != "cuda":
+    if device_type not in TRITON_DEVICE_TYPES:
         choice, reason = "torch", f"inputs on {device_type}"
+    elif _triton_failure is not None:
+        choice, reason = "torch", f"Triton failed at its first use in this process ({_triton_failure})"
     else:
         unsupported = _triton_unsupported(device_type, dtype, head_dim)
         choice = "torch" if unsupported is not None else "triton"
-        reason = unsupported or f"CUDA {dtype} inputs with D={head_dim}"
+        reason = unsupported or f"{device_type} {dtype} inputs with D={head_dim}"
     if (choice, reason) not in _logged:
         _logged.add((choice, reason))
         _logger.debug("backend='auto' runs on %s: %s", choice, reason)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kpca.attention import _checks
-from kpca.attention._backend import Backend, resolve_backend
+from kpca.attention._backend import Backend, resolve_backend, run_on_backend
 from kpca.attention._masks import combine_masks
 from kpca.attention._pap import PapFirst, PapStep, pap_mu
 
@@ -127,7 +127,8 @@ def rpc_attention(
         embed_dim: the width C in mu for ``convention="reference"``; default H * D.
         convention: ``"reference"`` or ``"pcp"``, see above.
         return_state: also return an :class:`RPCState` with S, L, Y, mu and per-iteration residuals.
-        backend: "auto" (the global default, else Triton for supported CUDA inputs, else torch),
+        backend: "auto" (the global default, else Triton for supported CUDA inputs, else torch; if
+            Triton fails at its first use in the process, one warning and torch from then on),
             "torch" or "triton" (the PAP element-wise steps and mu as Triton kernels; CUDA float32,
             bfloat16 or float16 with D <= 256, else it raises). See ``kpca.attention.set_backend``.
 
@@ -137,33 +138,37 @@ def rpc_attention(
     b, h, n, d = _checks.check_qkv(k=k, v=v)
     _check_common(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     _checks.check_pap_args(n_iter, lambd, convention, embed_dim)
-    if resolve_backend(backend, k) == "triton":
-        from kpca.attention._triton import ops  # imported on first use: triton is optional
-
-        pap_first, pap_step, mu_of = ops.pap_first, ops.pap_step, ops.pap_mu
-    else:
-        pap_first, pap_step, mu_of = PapFirst.apply, PapStep.apply, pap_mu
     width = d if convention == "pcp" else (embed_dim or h * d)
-    mu = mu_of(k, width, key_padding_mask=key_padding_mask, is_causal=is_causal)
-    tau = lambd / mu if convention == "pcp" else lambd * mu
     mask, causal = combine_masks(attn_mask, key_padding_mask, is_causal, n, k.device)
 
-    def attend(kt: torch.Tensor, last: bool) -> torch.Tensor:
-        p = dropout_p if last else 0.0
-        return F.scaled_dot_product_attention(kt, kt, v, attn_mask=mask, is_causal=causal, dropout_p=p, scale=scale)
+    def pursue(impl: str) -> torch.Tensor | tuple[torch.Tensor, RPCState]:
+        if impl == "triton":
+            from kpca.attention._triton import ops  # imported on first use: triton is optional
 
-    s, kt = pap_first(k, tau)
-    l = attend(kt, n_iter == 1)  # noqa: E741
-    z = None
-    diagnostics = [_iteration_diagnostics(k, l, s, key_padding_mask)] if return_state else []
-    for i in range(1, n_iter):
-        z, s, kt = pap_step(k, tau, l, z, s)
-        l = attend(kt, i == n_iter - 1)  # noqa: E741
-        if return_state:
-            diagnostics.append(_iteration_diagnostics(k, l, s, key_padding_mask))
-    if not return_state:
-        return l
-    return l, _final_state(k, l, s, z, kt, mu, diagnostics)
+            pap_first, pap_step, mu_of = ops.pap_first, ops.pap_step, ops.pap_mu
+        else:
+            pap_first, pap_step, mu_of = PapFirst.apply, PapStep.apply, pap_mu
+        mu = mu_of(k, width, key_padding_mask=key_padding_mask, is_causal=is_causal)
+        tau = lambd / mu if convention == "pcp" else lambd * mu
+
+        def attend(kt: torch.Tensor, last: bool) -> torch.Tensor:
+            p = dropout_p if last else 0.0
+            return F.scaled_dot_product_attention(kt, kt, v, attn_mask=mask, is_causal=causal, dropout_p=p, scale=scale)
+
+        s, kt = pap_first(k, tau)
+        l = attend(kt, n_iter == 1)  # noqa: E741
+        z = None
+        diagnostics = [_iteration_diagnostics(k, l, s, key_padding_mask)] if return_state else []
+        for i in range(1, n_iter):
+            z, s, kt = pap_step(k, tau, l, z, s)
+            l = attend(kt, i == n_iter - 1)  # noqa: E741
+            if return_state:
+                diagnostics.append(_iteration_diagnostics(k, l, s, key_padding_mask))
+        if not return_state:
+            return l
+        return l, _final_state(k, l, s, z, kt, mu, diagnostics)
+
+    return run_on_backend(backend, k, pursue)
 
 
 def _check_common(attn_mask, key_padding_mask, dropout_p, scale, b: int, h: int, n: int) -> None:

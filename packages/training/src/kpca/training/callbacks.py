@@ -2,15 +2,42 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ThroughputMonitor
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
 from kpca.attention import RPCAttention
+
+logger = logging.getLogger(__name__)
+
+
+class Checkpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` follows every save point.
+
+    Lightning 2.6 rewrites ``last.ckpt`` only at the steps where a best-k file was written, so after an epoch
+    that did not improve the monitored metric ``last.ckpt`` still holds an older state, and a preempted run
+    would resume from there and lose the epochs since. Here each save point (every epoch, or every
+    ``every_n_train_steps``) counts as saved, so ``last.ckpt`` is rewritten at each one; best-k is unchanged.
+    When :attr:`resuming` (set by ``ProjectCLI`` for a fit that resumes), continuing in the run's own
+    ``checkpoints/`` folder does not warn that the folder is not empty.
+    """
+
+    resuming: bool = False
+
+    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath) -> None:  # noqa: N802 (overrides the mangled name)
+        if not self.resuming:
+            super()._ModelCheckpoint__warn_if_dir_not_empty(dirpath)
+
+    def _save_topk_checkpoint(self, trainer, monitor_candidates) -> None:
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+        if self.save_last:
+            self._last_global_step_saved = trainer.global_step  # the condition under which Lightning writes last
 
 
 def rpc_layers(net: nn.Module) -> dict[str, RPCAttention]:
@@ -79,6 +106,50 @@ class RPCDiagnostics(pl.Callback):
         if metrics:  # straight to the loggers (rank 0 writes), at the recorded step, as LearningRateMonitor does
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=self._step)
+
+
+class NonFiniteLoss(pl.Callback):
+    """Stop training (or skip the step) when the loss or the gradients are not finite, before the optimizer step.
+
+    The check runs on the gradients after DDP's all-reduce (a NaN or inf loss makes them non-finite), so every
+    process sees the same and acts alike; the loss named in the message is this process's. With ``stop`` the
+    run ends with an error naming the step and the value, before the bad step changes the weights, so the last
+    checkpoint holds the last good ones. With ``skip`` the gradients are dropped (``optimizer.step`` then leaves
+    every parameter and its state alone; the lr schedule still advances) and a warning names the step. Runs
+    with a gradient scaler (``16-mixed``) are left to the scaler, which skips such steps itself.
+
+    Args:
+        action: ``stop`` or ``skip``.
+    """
+
+    def __init__(self, action: Literal["stop", "skip"] = "stop") -> None:
+        if action not in ("stop", "skip"):
+            raise ValueError(f"action must be 'stop' or 'skip', got {action!r}")
+        self.action = action
+        self._loss: torch.Tensor | None = None
+
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        self._loss = loss.detach()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
+        if bool(torch.isfinite(norm)):  # decided on the all-reduced gradients: every process agrees
+            return
+        loss = float(self._loss) if self._loss is not None else float("nan")
+        where = f"step {trainer.global_step} (epoch {trainer.current_epoch}): loss {loss}, gradient norm {norm.item()}"
+        if self.action == "stop":
+            raise FloatingPointError(
+                f"non-finite training {where}. Stopped before the optimizer step, so the last checkpoint holds "
+                "the last good weights. Lower the learning rate or clip gradients (trainer.gradient_clip_val), "
+                "or set nonfinite_loss.action=skip to skip such steps."
+            )
+        logger.warning("skipping the optimizer step at non-finite %s", where)
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = None
 
 
 class Throughput(ThroughputMonitor):

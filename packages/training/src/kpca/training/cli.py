@@ -1,23 +1,39 @@
 """ProjectCLI: the LightningCLI that every app's command builds on.
 
-It adds a ``checkpoint`` ModelCheckpoint (best by the app's metric, plus ``last.ckpt``), the RPC
+It adds a ``checkpoint`` ModelCheckpoint (best by the app's metric, plus a ``last.ckpt`` rewritten at every
+save point, see :class:`kpca.training.callbacks.Checkpoint`), the RPC
 diagnostics callback, Lightning's learning-rate and throughput monitors, atomic checkpoint writes,
 console logging for the ``kpca`` loggers, and saves the resolved config of each run. ``test`` prints
-the app's report table once instead of Lightning's table per dataloader.
+the app's report table once instead of Lightning's table per dataloader. ``fit --ckpt_path auto`` (or
+``last``) resumes from the newest readable checkpoint of the same experiment, so rerunning the command
+that was killed continues it (see :mod:`kpca.training.resume`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+import yaml
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from kpca.training.callbacks import RPCDiagnostics, Throughput
+from kpca.training.callbacks import Checkpoint, NonFiniteLoss, RPCDiagnostics, Throughput
+from kpca.training.resume import check_checkpoint, find_resume
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_IO = "kpca.training.checkpoint_io.AtomicCheckpointIO"
+AUTO_RESUME = ("auto", "last")
+"""``fit --ckpt_path`` values that resume from the newest readable checkpoint of this experiment, if any."""
+LIGHTNING_CKPT_KEYWORDS = ("hpc", "best", "registry")
+RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
+VOLATILE_KEYS = (("ckpt_path",), ("config",), ("trainer", "logger", "init_args", "version"))
+VOLATILE_KEYS += (("trainer", "logger", "init_args", "purge_step"),)
 
 
 def batch_size(batch: Any) -> int:
@@ -67,7 +83,7 @@ class ProjectCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(Checkpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.monitor": self.monitor,
@@ -78,6 +94,7 @@ class ProjectCLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(RPCDiagnostics, "rpc_diagnostics")
+        parser.add_lightning_class_args(NonFiniteLoss, "nonfinite_loss")
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         parser.add_lightning_class_args(Throughput, "throughput")
@@ -93,3 +110,92 @@ class ProjectCLI(LightningCLI):
 
     def add_app_arguments(self, parser: LightningArgumentParser) -> None:
         """Add the app's callbacks and argument links (nothing by default)."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        """Parse, then for ``fit`` resolve ``--ckpt_path auto`` / ``last`` and refuse a damaged explicit checkpoint.
+
+        Done here, before LightningCLI reads the checkpoint's hyper-parameters, so that a damaged file gets an
+        error that names it instead of an unpickling error.
+        """
+        super().parse_arguments(parser, args)
+        if self.config.get("subcommand") != "fit":
+            return
+        config = self.config.fit
+        if config.ckpt_path in AUTO_RESUME:
+            self._resume_automatically(config)
+        elif config.ckpt_path is not None and config.ckpt_path not in LIGHTNING_CKPT_KEYWORDS:
+            check_checkpoint(config.ckpt_path)
+
+    def before_fit(self) -> None:
+        """Tell the checkpoint callbacks that the run continues in its own folder when it resumes."""
+        if self.config.fit.ckpt_path is not None:
+            for callback in self.trainer.checkpoint_callbacks:
+                if isinstance(callback, Checkpoint):
+                    callback.resuming = True
+
+    def _resume_automatically(self, config) -> None:
+        """Point ``ckpt_path`` and the logger's version at the newest readable checkpoint of this experiment."""
+        run_logger = config.trainer.logger
+        if not (hasattr(run_logger, "class_path") and run_logger.class_path.rsplit(".", 1)[-1] in RUN_LOGGERS):
+            raise ValueError(
+                f"--ckpt_path {config.ckpt_path} finds the run folders of one TensorBoardLogger or CSVLogger, got "
+                f"trainer.logger={run_logger!r}; set one (configs/trainer/*.yaml do) or pass a checkpoint file."
+            )
+        if config.checkpoint.dirpath is not None:
+            raise ValueError(
+                f"--ckpt_path {config.ckpt_path} looks in the run folders' checkpoints/, but checkpoint.dirpath="
+                f"{config.checkpoint.dirpath!r} puts them elsewhere; unset it or pass a checkpoint file."
+            )
+        init = run_logger.init_args
+        experiment_dir = Path(init.save_dir) / (init.name or "")
+        current = self._comparable(yaml.safe_load(self._parser("fit").dump(config, skip_none=False)))
+        resume = find_resume(
+            experiment_dir,
+            Path(config.trainer.default_root_dir or os.getcwd()),
+            lambda folder: self._saved_config_is(folder / "config.yaml", current),
+            versions=_version_glob(init.version),
+        )
+        if rank_zero_only.rank == 0:  # every process resolves the same files; one of them tells
+            for path, reason in resume.skipped:
+                logger.warning("auto resume: skipping %s: %s", path, reason)
+            if resume.checkpoint is None:
+                logger.info(
+                    "auto resume: no readable checkpoint of this experiment in %s; starting fresh", experiment_dir
+                )
+            else:
+                logger.info("auto resume: restoring %s (step %d)", resume.checkpoint, resume.step)
+        if resume.checkpoint is None:
+            config.ckpt_path = None
+            return
+        config.ckpt_path = str(resume.checkpoint)
+        init.version = resume.run_folder.name
+        if "purge_step" in init:  # TensorBoard hides the events a killed run wrote after its last checkpoint
+            init.purge_step = resume.step
+
+    @staticmethod
+    def _comparable(config: dict) -> dict:
+        """The configuration without the keys that resuming itself sets."""
+        for keys in VOLATILE_KEYS:
+            node = config
+            for key in keys[:-1]:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(keys[-1], None)
+        return config
+
+    def _saved_config_is(self, path: Path, current: dict) -> bool:
+        """Whether the ``config.yaml`` at ``path`` (saved by a run) is ``current`` but for the volatile keys."""
+        if not path.is_file():
+            return False
+        try:
+            saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError:
+            return False
+        return isinstance(saved, dict) and self._comparable(saved) == current
+
+
+def _version_glob(version: int | str | None) -> str:
+    """The run folders a logger ``version`` allows: all ``version_*`` when unset, else its one folder."""
+    if version is None:
+        return "version_*"
+    return f"version_{version}" if isinstance(version, int) else str(version)

@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
+from kpca.training.resume import record_run_folder
 from kpca.training.rng_state import RNGStateCheckpointing
 
 
@@ -16,7 +17,8 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
     an object). Built by LightningCLI, the parsed config is saved, network included as its ``class_path`` /
     ``init_args``, so ``load_from_checkpoint`` rebuilds the model. Names in :attr:`unsaved_hparams` are never
     saved: a checkpoint's hparams override the config of ``test --ckpt_path``, so evaluation settings stay out.
-    Checkpoints carry every rank's RNG states (:class:`RNGStateCheckpointing`).
+    Checkpoints carry every rank's RNG states (:class:`RNGStateCheckpointing`) and the run folder that wrote them
+    (for ``--ckpt_path auto``, :mod:`kpca.training.resume`).
 
     Subclasses call ``super().__init__(net, optimizer)`` first in their ``__init__``.
 
@@ -36,6 +38,11 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
             self.save_hyperparameters(ignore=list(self.unsaved_hparams))
         self.net = net
         self.optimizer_factory = optimizer
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Add the run folder to the RNG states (called on every rank: ``log_dir`` is agreed between ranks)."""
+        super().on_save_checkpoint(checkpoint)
+        record_run_folder(checkpoint, self.trainer.log_dir)
 
     def report_dir(self) -> str:
         """The folder for this run's reports: the logger's folder, or the trainer's root without a logger.
