@@ -1,4 +1,4 @@
-"""Test-wide settings: offline hubs, deterministic seeds, and skip rules for the gpu marker."""
+"""Test-wide settings: offline hubs, Triton's CPU interpreter, deterministic seeds, skip rules for the gpu marker."""
 
 import os
 
@@ -7,6 +7,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# Triton reads TRITON_INTERPRET when ``@triton.jit`` decorates, for its own standard library too, that is when
+# ``triton.language`` is first imported, by our kernels or by any library a test imports before them (timm,
+# torch's compiler). So it is set here, before any test module is collected, and not in tests/attention: one
+# process either interprets the kernels or compiles them for CUDA, not both. Where CUDA is present it is left
+# unset, the ``gpu`` tests run compiled kernels and the CPU Triton tests skip (``TRITON_INTERPRET=1 pytest -m
+# triton`` runs those there). A value set by the caller is kept.
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(autouse=True)
