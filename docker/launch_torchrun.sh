@@ -17,6 +17,10 @@ shift 2
 if [[ "$subcommand" == fit ]]; then
     set -- --ckpt_path auto "$@"
 fi
+# torchrun shares its rendezvous TCPStore with the workers by default, and the keys of a dead worker group
+# outlive it: after a restart the new workers may read the old addresses and fail to connect
+# (pytorch/pytorch#135712). A store of their own per worker group (as before torch 2.4) avoids it.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 nnodes="${NNODES:?set NNODES}"
 nproc="${NPROC_PER_NODE:-8}"
 exec torchrun \

@@ -161,6 +161,16 @@ def test_auto_resume_skips_a_damaged_last_checkpoint_and_an_explicit_one_is_refu
         run("fit", *options[:-1], f"--ckpt_path={last}")
 
 
+def test_auto_resume_under_slurm_refuses_a_fresh_start_beside_another_runs_hpc_checkpoint(
+    tmp_path: Path, digits_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "kpca-test")
+    torch.save({"global_step": 8, "kpca_run_folder": str(tmp_path / "elsewhere")}, tmp_path / "hpc_ckpt_1.ckpt")
+    with pytest.raises(ValueError, match=r"holds SLURM hpc_ckpt_\*.ckpt files of another run.*default_root_dir"):
+        run("fit", *smoke(tmp_path, digits_cache_dir, "--ckpt_path=auto"))
+
+
 @EMA_IN_EVAL_MODE
 def test_a_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path: Path, digits_cache_dir: Path):
     options = smoke(

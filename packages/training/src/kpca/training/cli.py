@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from kpca.training.callbacks import Checkpoint, NonFiniteLoss, RPCDiagnostics, Throughput
@@ -148,13 +149,21 @@ class ProjectCLI(LightningCLI):
             )
         init = run_logger.init_args
         experiment_dir = Path(init.save_dir) / (init.name or "")
+        hpc_dir = Path(config.trainer.default_root_dir or os.getcwd())
         current = self._comparable(yaml.safe_load(self._parser("fit").dump(config, skip_none=False)))
         resume = find_resume(
             experiment_dir,
-            Path(config.trainer.default_root_dir or os.getcwd()),
+            hpc_dir,
             lambda folder: self._saved_config_is(folder / "config.yaml", current),
             versions=_version_glob(init.version),
         )
+        if resume.checkpoint is None and SLURMEnvironment.detect() and any(hpc_dir.glob("hpc_ckpt_*.ckpt")):
+            # Lightning restores the newest hpc_ckpt_* of default_root_dir under SLURM whenever ckpt_path is None.
+            raise ValueError(
+                f"--ckpt_path {config.ckpt_path}: this experiment has no checkpoint, but trainer.default_root_dir="
+                f"{str(hpc_dir)!r} holds SLURM hpc_ckpt_*.ckpt files of another run, which Lightning would restore "
+                "under SLURM. Give each experiment its own --trainer.default_root_dir (e.g. runs/<experiment>)."
+            )
         if rank_zero_only.rank == 0:  # every process resolves the same files; one of them tells
             for path, reason in resume.skipped:
                 logger.warning("auto resume: skipping %s: %s", path, reason)
