@@ -138,7 +138,7 @@ def test_two_process_cpu_ddp_fit_counts_every_validation_image_once(tmp_path: Pa
     checkpoint = torch.load(last, weights_only=True)
     assert checkpoint["global_step"] == 2 and len(checkpoint["rng_states"]) == 2
     states = checkpoint["callbacks"].items()
-    ddp_miou = next(state["best_model_score"] for key, state in states if key.startswith("ModelCheckpoint"))
+    ddp_miou = next(state["best_model_score"] for key, state in states if "Checkpoint{" in key)
     # 3 validation images on 2 ranks (2 + 1, no padding): the summed areas equal a single-process validation.
     single = run("validate", *options, f"--ckpt_path={last}")
     assert float(single.trainer.callback_metrics["val/mIoU"]) == pytest.approx(float(ddp_miou), abs=1e-6)
