@@ -28,6 +28,8 @@ from kpca.attention import (
 )
 from kpca.attention._backend import ENV_VAR, resolve_backend
 
+from .helpers import require_triton
+
 
 @pytest.fixture(autouse=True)
 def _fresh_backend_state(monkeypatch):
@@ -109,7 +111,7 @@ def test_auto_takes_torch_on_cpu_even_under_the_interpreter(monkeypatch, caplog)
 
 
 def test_auto_takes_triton_for_supported_cuda_inputs():
-    pytest.importorskip("triton")
+    require_triton()
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert resolve_backend("auto", _cuda_keys(dtype)) == "triton"
     assert resolve_backend("auto", _cuda_keys(d=256)) == "triton"
@@ -124,7 +126,7 @@ def test_auto_takes_triton_for_supported_cuda_inputs():
     ids=["float64", "head_dim"],
 )
 def test_auto_falls_back_and_explicit_triton_raises(keys, reason):
-    pytest.importorskip("triton")
+    require_triton()
     assert resolve_backend("auto", keys()) == "torch"
     with pytest.raises(RuntimeError, match=f"backend='triton' cannot run this call: {reason}.*backend='torch'"):
         resolve_backend("triton", keys())
@@ -153,7 +155,7 @@ def test_explicit_triton_on_cpu_raises_without_the_interpreter(no_interpreter):
 
 def test_explicit_triton_on_cpu_is_allowed_under_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytest.importorskip("triton")
+    require_triton()
     assert resolve_backend("triton", torch.zeros(1, 1, 2, 4)) == "triton"
     with pytest.raises(RuntimeError, match="dtype torch.float64"):
         resolve_backend("triton", torch.zeros(1, 1, 2, 4, dtype=torch.float64))
@@ -200,7 +202,7 @@ print(json.dumps(result))
 @pytest.mark.triton
 def test_auto_falls_back_to_torch_once_when_the_triton_launch_fails():
     """A real launch failure, "0 active drivers" on a CPU machine (a CPU-pointer error where CUDA is present)."""
-    pytest.importorskip("triton")
+    require_triton()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled kernels, not the interpreter
     done = subprocess.run([sys.executable, "-c", FALLBACK_CODE], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
@@ -216,7 +218,7 @@ def test_auto_falls_back_to_torch_once_when_the_triton_launch_fails():
 
 @pytest.mark.triton
 def test_auto_keeps_triton_that_works_and_lets_later_errors_through(monkeypatch, caplog):
-    pytest.importorskip("triton")
+    require_triton()
     if not _backend.interpreter_enabled():
         pytest.skip("runs the kernels on CPU under TRITON_INTERPRET=1 (conftest.py sets it only where CUDA is absent)")
     monkeypatch.setattr(_backend, "TRITON_DEVICE_TYPES", ("cuda", "cpu"))  # "auto" sends CPU inputs to the kernels

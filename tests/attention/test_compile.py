@@ -14,6 +14,8 @@ import torch
 from kpca.attention import _backend, rpc_attention
 from kpca.attention._backend import interpreter_enabled
 
+from .helpers import require_triton
+
 
 def _compiled_matches_eager(device, dtype, backend, **kwargs):
     torch._dynamo.reset()
@@ -45,7 +47,7 @@ def test_torch_path_compiles_on_cpu(backend, is_causal, monkeypatch):
 def test_triton_path_compiles_on_cpu_under_the_interpreter():
     if not interpreter_enabled():
         pytest.skip("CPU Triton tests need TRITON_INTERPRET=1 (conftest.py sets it only where CUDA is absent)")
-    pytest.importorskip("triton")
+    require_triton()
     _compiled_matches_eager("cpu", torch.float32, "triton", is_causal=True)
 
 
@@ -84,7 +86,7 @@ print("ok")
 @pytest.mark.triton
 def test_kernels_compile_for_cuda_without_a_gpu(tmp_path):
     """Ahead-of-time compilation to sm_90 cubin: what the interpreter does not check (types, lowering)."""
-    pytest.importorskip("triton")
+    require_triton()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", AOT_CODE], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr

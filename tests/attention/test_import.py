@@ -10,6 +10,8 @@ import pytest
 import kpca.attention
 from kpca.attention import _pap, functional
 
+from .helpers import REQUIRE_TRITON_ENV, require_triton
+
 CODE = """
 import sys
 sys.modules["triton"] = None  # any `import triton` now raises ImportError
@@ -70,7 +72,18 @@ def test_pap_mu_lives_in_pap_and_stays_public():
 
 
 def test_triton_ops_take_l1_eps_from_pap():
-    pytest.importorskip("triton")
+    require_triton()
     from kpca.attention._triton import ops
 
     assert ops.L1_EPS is _pap.L1_EPS
+
+
+def test_require_triton_fails_instead_of_skipping_when_ci_requires_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # as if triton were not installed
+    monkeypatch.setitem(sys.modules, "triton.language", None)
+    monkeypatch.delenv(REQUIRE_TRITON_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        require_triton()
+    monkeypatch.setenv(REQUIRE_TRITON_ENV, "1")
+    with pytest.raises(ImportError):
+        require_triton()

@@ -57,6 +57,25 @@ def test_matches_reference_with_key_padding(is_causal):
     _compare({"n_iter": 3, "lambd": 0.3, "is_causal": is_causal}, b=3, n=9, key_padding_mask=padding)
 
 
+@pytest.mark.parametrize("convention", ["reference", "pcp"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_matches_reference_with_an_explicit_scale(convention, is_causal):
+    _compare({"n_iter": 3, "lambd": 0.3, "is_causal": is_causal, "convention": convention, "scale": 0.3})
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_matches_reference_with_attn_mask_and_key_padding(kind, is_causal):
+    n = 9
+    allowed = torch.rand(3, 1, n, n) > 0.3
+    allowed |= torch.eye(n, dtype=torch.bool)  # every query keeps at least itself
+    mask = allowed if kind == "bool" else torch.randn(3, 3, n, n, dtype=torch.float64)
+    padding = torch.zeros(3, n, dtype=torch.bool)
+    padding[0, 6:] = True  # right padding
+    padding[1, :2] = True  # left padding
+    _compare({"n_iter": 3, "lambd": 0.3, "is_causal": is_causal}, b=3, n=n, key_padding_mask=padding, attn_mask=mask)
+
+
 @pytest.mark.parametrize("kind", ["bool", "float"])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_matches_reference_with_attn_mask(kind, is_causal):
@@ -157,16 +176,19 @@ def test_zero_keys_are_finite():
     )
 
 
-def test_bf16_autocast_close_to_fp32():
+def test_bf16_autocast_close_to_fp32_with_the_pap_state_in_fp32():
     k, v = make_kv(2, 4, 64, 16, dtype=torch.float32, requires_grad=False)
     expected = rpc_attention(k, v, n_iter=4, lambd=0.5)
     k16, v16 = k.bfloat16().requires_grad_(), v.bfloat16().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = rpc_attention(k16, v16, n_iter=4, lambd=0.5)
+        out, state = rpc_attention(k16, v16, n_iter=4, lambd=0.5, return_state=True)
     out.float().square().sum().backward()
     assert out.dtype == torch.bfloat16
     assert torch.isfinite(out).all() and torch.isfinite(k16.grad).all() and torch.isfinite(v16.grad).all()
-    torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
+    # mu, the shrinkage and the dual stay in fp32 under autocast; only the SDPA evaluations run in bf16.
+    assert (state.s.dtype, state.y.dtype, state.mu.dtype) == (torch.float32,) * 3
+    # Measured largest difference 0.0053 (bf16 has an 8-bit mantissa; outputs are O(1)).
+    torch.testing.assert_close(out.float(), expected, rtol=0, atol=1e-2)
 
 
 def test_state_matches_reference_and_reports_diagnostics():

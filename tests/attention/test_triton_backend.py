@@ -14,7 +14,9 @@ from kpca.attention._backend import interpreter_enabled
 from kpca.attention._pap import PapFirst, PapStep
 from kpca.attention.reference import rpc_attention_reference
 
-pytest.importorskip("triton")
+from .helpers import require_triton
+
+require_triton()
 from kpca.attention._triton import ops  # noqa: E402 (after the triton check)
 
 pytestmark = pytest.mark.triton
@@ -181,19 +183,6 @@ def test_autocast_matches_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_backward_is_deterministic(device):
-    k = torch.randn(2, 3, 9, 4, device=device, requires_grad=True)
-    v = torch.randn(2, 3, 9, 4, device=device, requires_grad=True)
-
-    def grads():
-        out = rpc_attention(k, v, n_iter=4, lambd=0.3, is_causal=True, backend="triton")
-        return torch.autograd.grad(out.square().sum(), (k, v))
-
-    for g1, g2 in zip(grads(), grads(), strict=True):
-        assert torch.equal(g1, g2)
-
-
-@pytest.mark.parametrize("device", DEVICES)
 def test_state_and_module_match_torch(device):
     k, v = torch.randn(2, 2, 6, 4, device=device), torch.randn(2, 2, 6, 4, device=device)
     _, state = rpc_attention(k, v, n_iter=3, lambd=0.3, return_state=True, backend="triton")
@@ -291,6 +280,7 @@ def test_kernels_real_shapes_match_torch(dtype):
 
 @pytest.mark.gpu
 def test_backward_is_deterministic_real_shapes():
+    """GPU only: Triton's interpreter runs the programs one after another, so on CPU this could never fail."""
     k = torch.randn(4, 16, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(4, 16, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
