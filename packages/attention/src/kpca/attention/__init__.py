@@ -1,20 +1,23 @@
 """kpca.attention: softmax, symmetric and RPC-Attention (Principal Attention Pursuit) for PyTorch.
 
-Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into timm ViTs.
+Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into timm ViTs. The paper's
+scaled-attention variants are modules too; its kernel-PCA diagnostics are ``kpca.attention.kernel_pca``.
 """
 
 from kpca.attention._backend import get_backend, set_backend, use_backend
 from kpca.attention.functional import RPCState, pap_mu, rpc_attention, softmax_attention
 from kpca.attention.layout import convert_qkv_rows, is_symmetric_qkv
-from kpca.attention.modules import RPCAttention, SoftmaxAttention
+from kpca.attention.modules import AlphaAsymAttention, RPCAttention, ScaledAttention, SoftmaxAttention
 from kpca.attention.spec import AttentionSpec
 from kpca.attention.swap import AttentionSwap, swap_attention
 
 __all__ = [
+    "AlphaAsymAttention",
     "AttentionSpec",
     "AttentionSwap",
     "RPCAttention",
     "RPCState",
+    "ScaledAttention",
     "SoftmaxAttention",
     "convert_qkv_rows",
     "get_backend",

@@ -238,3 +238,112 @@ class RPCAttention(_ProjectedAttention):
             return out
         out, self.last_state = out
         return out
+
+
+def _asymmetric_only(module: nn.Module, is_causal: bool, key_padding_mask: torch.Tensor | None) -> None:
+    """Scaled Attention S mixes values across all N tokens: no causal mask or key padding can hold."""
+    if is_causal or key_padding_mask is not None:
+        raise ValueError(
+            f"{type(module).__name__} mixes values across all tokens (A (I - S) V), so it cannot be causal or "
+            "take a key_padding_mask; use kind 'scaled_alpha' (causal and padding safe) or plain softmax attention"
+        )
+
+
+class ScaledAttention(_ProjectedAttention):
+    """Scaled Attention S (the paper's Sec. 4): asymmetric softmax attention ``A (I − S) V``.
+
+    ``S`` is a learnable (H, N, N) matrix per layer (``s_matrix``), initialised to 0, so the layer
+    starts as timm's ``Attention``, whose parameter names it keeps (plus ``s_matrix``). Computed as one
+    SDPA call on the reparametrised values ``V − S V``. Takes :class:`SoftmaxAttention`'s arguments
+    (always asymmetric) plus:
+
+    Args:
+        num_tokens: N, the fixed sequence length (ViT: patches + prefix tokens); other lengths raise.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        *,
+        num_tokens: int,
+        is_causal: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            dim, num_heads, 3, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
+            proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
+        )  # fmt: skip
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+            raise ValueError(f"num_tokens must be a positive int (N, the sequence length), got {num_tokens!r}")
+        _asymmetric_only(self, is_causal, None)
+        self.num_tokens = num_tokens
+        self.s_matrix = nn.Parameter(torch.zeros(num_heads, num_tokens, num_tokens, device=device, dtype=dtype))
+
+    def extra_repr(self) -> str:
+        """The sequence length S is built for, shown in ``repr(module)``."""
+        return f"num_tokens={self.num_tokens}"
+
+    def _attend(self, q, k, v, **kwargs) -> torch.Tensor:
+        _asymmetric_only(self, kwargs["is_causal"], kwargs["key_padding_mask"])
+        if v.shape[-2] != self.num_tokens:
+            raise ValueError(
+                f"ScaledAttention was built for num_tokens={self.num_tokens} but got N={v.shape[-2]} tokens; "
+                "build it (AttentionSpec.num_tokens) for the model's sequence length"
+            )
+        v = v - self.s_matrix.to(v.dtype) @ v  # (I − S) V: (H, N, N) @ (B, H, N, D) -> (B, H, N, D)
+        return softmax_attention(q, k, v, **kwargs)
+
+
+class AlphaAsymAttention(_ProjectedAttention):
+    """Scaled Attention α × Asym (the paper's Sec. 4): ``A (I − α softmax(K Kᵀ · scale)) V``.
+
+    ``alpha`` is a learnable scalar per layer, initialised to 0, so the layer starts as timm's
+    ``Attention`` (same parameter names, plus ``alpha``). Two SDPA calls: the symmetric map on the
+    keys reparametrises the values, ``V − α softmax(K Kᵀ) V``, then the asymmetric map attends over
+    them. Causal masks and key padding apply to both maps, so the layer is causal- and padding-safe;
+    attention dropout applies to the asymmetric map only. Takes :class:`SoftmaxAttention`'s arguments
+    (always asymmetric).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        *,
+        is_causal: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            dim, num_heads, 3, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
+            proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
+        )  # fmt: skip
+        self.alpha = nn.Parameter(torch.zeros((), device=device, dtype=dtype))
+
+    def _attend(self, q, k, v, **kwargs) -> torch.Tensor:
+        symmetric = softmax_attention(k, k, v, **{**kwargs, "dropout_p": 0.0})  # softmax(K Kᵀ) V, (B, H, N, D)
+        return softmax_attention(q, k, v - self.alpha.to(v.dtype) * symmetric, **kwargs)

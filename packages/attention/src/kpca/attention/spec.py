@@ -10,10 +10,10 @@ from torch import nn
 from kpca.attention._backend import Backend, check_backend
 from kpca.attention._checks import check_pap_args
 from kpca.attention.functional import Convention
-from kpca.attention.modules import RPCAttention, SoftmaxAttention
+from kpca.attention.modules import AlphaAsymAttention, RPCAttention, ScaledAttention, SoftmaxAttention
 
-AttentionKind = Literal["softmax", "symmetric", "rpc"]
-KINDS: tuple[str, ...] = ("softmax", "symmetric", "rpc")
+AttentionKind = Literal["softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha"]
+KINDS: tuple[str, ...] = ("softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha")
 
 
 @dataclass
@@ -28,14 +28,19 @@ class AttentionSpec:
           layers: [0]
 
     Args:
-        kind: ``softmax`` (asymmetric, DeiT), ``symmetric`` (SymViT) or ``rpc`` (RPC-SymViT).
+        kind: ``softmax`` (asymmetric, DeiT), ``symmetric`` (SymViT), ``rpc`` (RPC-SymViT), or the paper's
+            scaled-attention variants of asymmetric attention: ``scaled_s`` (``A (I − S) V``, a learnable
+            H x N x N ``S`` per layer, init 0) and ``scaled_alpha`` (``A (I − α softmax(K Kᵀ/√D)) V``, a
+            learnable scalar α per layer, init 0).
         n_iter: PAP attention evaluations per RPC layer (>= 1); used by ``rpc`` only.
         lambd: PAP sparsity weight (> 0, finite); used by ``rpc`` only.
         layers: ``"all"`` or a list of block indices that get ``kind``. With ``rpc`` the other
             blocks are symmetric softmax (an RPC model is a SymViT with PAP in chosen blocks);
-            with ``softmax`` / ``symmetric`` the other blocks are left as they are (see :meth:`per_block`).
+            with the other kinds the other blocks are left as they are (see :meth:`per_block`).
         convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP).
         backend: ``auto``, ``torch`` or ``triton`` (see ``kpca.attention.set_backend``).
+        num_tokens: N for ``scaled_s`` (its S is N x N); None lets ``swap_attention`` read it from a timm
+            ViT (patches + prefix tokens).
     """
 
     kind: AttentionKind = "softmax"
@@ -44,12 +49,17 @@ class AttentionSpec:
     layers: Literal["all"] | list[int] = "all"
     convention: Convention = "reference"
     backend: Backend = "auto"
+    num_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"AttentionSpec.kind must be one of {KINDS}, got {self.kind!r}")
         check_pap_args(self.n_iter, self.lambd, self.convention, None)
         check_backend(self.backend)
+        if self.num_tokens is not None and (
+            isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1
+        ):
+            raise ValueError(f"AttentionSpec.num_tokens must be a positive int or None, got {self.num_tokens!r}")
         if self.layers != "all":
             layers = self.layers
             if isinstance(layers, (str, int)) or not all(
@@ -87,7 +97,20 @@ class AttentionSpec:
         return [self if i in chosen else rest for i in range(depth)]
 
     def build(self, dim: int, num_heads: int = 8, **kwargs) -> nn.Module:
-        """Build the attention module of ``kind`` with timm ``Attention`` keywords (``qkv_bias``, ...)."""
+        """Build the attention module of ``kind`` with timm ``Attention`` keywords (``qkv_bias``, ...).
+
+        Raises:
+            ValueError: for ``scaled_s`` without ``num_tokens``.
+        """
+        if self.kind == "scaled_s":
+            if self.num_tokens is None:
+                raise ValueError(
+                    "AttentionSpec(kind='scaled_s') needs num_tokens (N, the sequence length) to build S; set it, "
+                    "or let swap_attention read it from a timm ViT"
+                )
+            return ScaledAttention(dim, num_heads, num_tokens=self.num_tokens, backend=self.backend, **kwargs)
+        if self.kind == "scaled_alpha":
+            return AlphaAsymAttention(dim, num_heads, backend=self.backend, **kwargs)
         if self.kind == "rpc":
             return RPCAttention(
                 dim, num_heads, n_iter=self.n_iter, lambd=self.lambd, convention=self.convention,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,8 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
     ``Attention`` layout (``qkv``, ``proj``, ``num_heads``), timm's or ours. Weights move where they
     fit: asymmetric -> symmetric keeps the K and V rows of ``qkv`` and drops Q (and ``q_norm``);
     symmetric -> asymmetric initialises Q from K, so the new model computes the same function;
-    symmetric <-> RPC move every parameter (RPC adds none). Which block gets what is
+    symmetric <-> RPC move every parameter (RPC adds none); asymmetric -> a scaled-attention kind moves
+    every parameter and starts S or α at 0, so the function is unchanged. Which block gets what is
     :meth:`AttentionSpec.per_block`: with ``spec.kind == "rpc"`` the blocks outside ``spec.layers``
     become symmetric softmax attention, otherwise they are left as they are.
 
@@ -42,6 +44,8 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
         raise TypeError(
             f"swap_attention needs a timm VisionTransformer-like model with .blocks[i].attn, got {type(model).__name__}"
         )
+    if spec.kind == "scaled_s" and spec.num_tokens is None:
+        spec = dataclasses.replace(spec, num_tokens=_vit_num_tokens(model))
     swaps = []
     for i, (block, target) in enumerate(zip(blocks, spec.per_block(len(blocks)), strict=True)):
         if target is None:
@@ -50,6 +54,17 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
         swaps.append(AttentionSwap(i, type(block.attn).__name__, type(new).__name__, weights))
         block.attn = new
     return swaps
+
+
+def _vit_num_tokens(model: nn.Module) -> int:
+    """N of a timm ViT: patches plus prefix (class / distillation / register) tokens."""
+    patches = getattr(getattr(model, "patch_embed", None), "num_patches", None)
+    if not isinstance(patches, int):
+        raise ValueError(
+            f"cannot read the sequence length of {type(model).__name__} (no patch_embed.num_patches); "
+            "set AttentionSpec.num_tokens for kind 'scaled_s'"
+        )
+    return patches + int(getattr(model, "num_prefix_tokens", 1))
 
 
 def _convert(old: nn.Module, spec: AttentionSpec) -> tuple[nn.Module, str]:
