@@ -1,12 +1,13 @@
 """ProjectCLI: the LightningCLI that every app's command builds on.
 
 It adds a ``checkpoint`` ModelCheckpoint (best by the app's metric, plus a ``last.ckpt`` rewritten at every
-save point, see :class:`kpca.training.callbacks.Checkpoint`), the RPC
-diagnostics callback, Lightning's learning-rate and throughput monitors, atomic checkpoint writes,
-console logging for the ``kpca`` loggers, and saves the resolved config of each run. ``test`` prints
-the app's report table once instead of Lightning's table per dataloader. ``fit --ckpt_path auto`` (or
-``last``) resumes from the newest readable checkpoint of the same experiment, so rerunning the command
-that was killed continues it (see :mod:`kpca.training.resume`).
+save point, see :class:`kpca.training.callbacks.Checkpoint`), the RPC diagnostics callback, the kernel-PCA
+monitor (``--kernel_pca.every_n_epochs``, off by default), Lightning's learning-rate and throughput monitors,
+atomic checkpoint writes, console logging for the ``kpca`` loggers, and saves the resolved config of each run.
+``test`` prints the app's report table once instead of Lightning's table per dataloader. ``analyze`` writes the
+kernel-PCA diagnostics of a checkpoint (:meth:`kpca.training.trainer.ProjectTrainer.analyze`). ``fit
+--ckpt_path auto`` (or ``last``) resumes from the newest readable checkpoint of the same experiment, so rerunning
+the command that was killed continues it (see :mod:`kpca.training.resume`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from kpca.training.callbacks import Checkpoint, NonFiniteLoss, RPCDiagnostics, Throughput
+from kpca.training.kernel_pca import KernelPCAMonitor
 from kpca.training.resume import check_checkpoint, find_resume
+from kpca.training.trainer import ProjectTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,7 @@ class ProjectCLI(LightningCLI):
             model_class,
             datamodule_class,
             args=args,
+            trainer_class=ProjectTrainer,
             trainer_defaults={"plugins": [{"class_path": CHECKPOINT_IO}]},
             save_config_kwargs={"overwrite": True},
         )
@@ -95,6 +99,7 @@ class ProjectCLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(RPCDiagnostics, "rpc_diagnostics")
+        parser.add_lightning_class_args(KernelPCAMonitor, "kernel_pca")
         parser.add_lightning_class_args(NonFiniteLoss, "nonfinite_loss")
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
@@ -102,6 +107,11 @@ class ProjectCLI(LightningCLI):
         size_fn, length_fn = self.throughput
         parser.set_defaults({"throughput.batch_size_fn": size_fn, "throughput.length_fn": length_fn})
         self.add_app_arguments(parser)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's subcommands plus ``analyze`` (kernel-PCA diagnostics of a checkpoint)."""
+        return {**LightningCLI.subcommands(), "analyze": {"model", "datamodule"}}
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)

@@ -1,0 +1,90 @@
+"""ProjectTrainer: Lightning's Trainer plus ``analyze``, the kernel-PCA analysis of a checkpoint.
+
+LightningCLI builds one subcommand per Trainer method it is told about, with the method's arguments
+as flags, so ``analyze`` lives here and every app's command gets ``<app> analyze -c ... --ckpt_path ...``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+import lightning.pytorch as pl
+import torch
+
+from kpca.training.kernel_pca import analyze_network, network_inputs, write_analysis
+
+logger = logging.getLogger(__name__)
+
+
+class ProjectTrainer(pl.Trainer):
+    """Lightning's Trainer with one more entry point, :meth:`analyze`."""
+
+    def analyze(
+        self,
+        model: pl.LightningModule,
+        datamodule: pl.LightningDataModule | None = None,
+        ckpt_path: str | None = None,
+        split: Literal["val", "train"] = "val",
+        samples: int = 8,
+        out_dir: str | None = None,
+    ) -> Path:
+        """Kernel-PCA analysis: the diagnostics of every attention layer and head on a sample of data.
+
+        Loads the weights of ``ckpt_path``, runs the network on the first ``samples`` inputs of the
+        ``split`` dataloader (validation: the evaluation transform; train: the training crops, for apps
+        whose validation batches are not one tensor) and writes ``kernel_pca.md``, ``.csv`` and ``.png``
+        (see :func:`kpca.training.kernel_pca.write_analysis`).
+
+        Args:
+            model: the LightningModule (its ``net`` is analysed).
+            datamodule: where the inputs come from.
+            ckpt_path: a checkpoint of this app; None analyses the freshly initialised model.
+            split: ``val`` or ``train``.
+            samples: how many inputs are analysed (the first ones, in loader order).
+            out_dir: output folder; default ``<run folder>/analysis`` of the checkpoint, or
+                ``<default_root_dir>/analysis`` without one.
+
+        Returns:
+            The Markdown report's path.
+        """
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ValueError(f"--samples must be a positive int, got {samples!r}")
+        if datamodule is None:
+            raise ValueError("analyze needs a datamodule (the app's data: section) to draw its inputs from")
+        if ckpt_path is not None:
+            checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+            model.load_state_dict(checkpoint["state_dict"])
+            logger.info("analyze: weights of %s (step %s)", ckpt_path, checkpoint.get("global_step"))
+        inputs = _first_inputs(datamodule, split, samples)
+        net = getattr(model, "net", model).to(self.strategy.root_device)
+        results = analyze_network(net, inputs.to(self.strategy.root_device))
+        folder = Path(out_dir) if out_dir else _default_out_dir(ckpt_path, self.default_root_dir)
+        md_path, _, _ = write_analysis({type(net).__name__: results}, folder)
+        logger.info("analyze: %d attention layers on %d %s inputs -> %s", len(results), len(inputs), split, md_path)
+        return md_path
+
+
+def _first_inputs(datamodule: pl.LightningDataModule, split: str, samples: int) -> torch.Tensor:
+    """The first ``samples`` network inputs of the datamodule's ``split`` loader (its first one, if several)."""
+    datamodule.setup("fit" if split == "train" else "validate")
+    loaders = datamodule.train_dataloader() if split == "train" else datamodule.val_dataloader()
+    loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+    chunks, have = [], 0
+    for batch in loader:
+        chunks.append(network_inputs(batch))
+        have += len(chunks[-1])
+        if have >= samples:
+            break
+    if not chunks:
+        raise ValueError(f"the {split} dataloader is empty; nothing to analyse")
+    return torch.cat(chunks)[:samples]
+
+
+def _default_out_dir(ckpt_path: str | None, root: str) -> Path:
+    """``<run folder>/analysis`` for a checkpoint in ``<run folder>/checkpoints``, else ``<root>/analysis``."""
+    if ckpt_path is None:
+        return Path(root) / "analysis"
+    folder = Path(ckpt_path).resolve().parent
+    return (folder.parent if folder.name == "checkpoints" else folder) / "analysis"
