@@ -148,3 +148,10 @@ def test_monitor_is_off_by_default_and_checks_its_arguments():
         KernelPCAMonitor(every_n_epochs=-1)
     with pytest.raises(ValueError, match="samples must be a positive int"):
         KernelPCAMonitor(samples=0)
+
+
+def test_write_analysis_takes_layers_of_different_lengths(tmp_path: Path):
+    # an encoder and a decoder see different numbers of tokens (segmentation: patches vs patches + classes)
+    layers = analyze_network(Net(), torch.randn(2, TOKENS, 3)) + analyze_network(Net(), torch.randn(2, 2 * TOKENS, 3))
+    _, csv, png = write_analysis({"net": layers}, tmp_path)
+    assert len(csv.read_text().splitlines()) == 1 + 4 and png.stat().st_size > 0

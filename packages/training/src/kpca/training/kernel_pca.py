@@ -129,26 +129,30 @@ def analysis_rows(results: Sequence[LayerAnalysis], **columns: object) -> list[d
 
 
 def analysis_figure(results_by_model: Mapping[str, Sequence[LayerAnalysis]]):
-    """A matplotlib figure: J_proj per layer, the eigenvector test and each model's mean Gram spectrum."""
+    """A matplotlib figure: J_proj per layer, the eigenvector test and each layer's Gram spectrum (colour: model)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for model, results in results_by_model.items():
+    for index, (model, results) in enumerate(results_by_model.items()):
+        color = f"C{index}"
         layers = range(len(results))
-        axes[0].plot(layers, [float(r.projection_loss.mean()) for r in results], marker="o", label=model)
+        axes[0].plot(layers, [float(r.projection_loss.mean()) for r in results], marker="o", color=color, label=model)
         scale = torch.cat([r.gamma_scale for r in results]).numpy()
         spread = torch.cat([r.gamma_spread for r in results]).numpy()
-        axes[1].scatter(scale, spread, s=14, label=model)
-        spectrum = torch.stack([r.eigenvalues.mean(0) for r in results]).mean(0)[:-1]  # the last is 0: C 1 = 0
-        axes[2].semilogy(range(1, len(spectrum) + 1), spectrum.clamp_min(1e-30).numpy(), label=model)
+        axes[1].scatter(scale, spread, s=14, color=color, label=model)
+        for layer, result in enumerate(results):  # layers may differ in N (e.g. an encoder and a decoder)
+            spectrum = result.eigenvalues.mean(0)[:-1].clamp_min(1e-30).numpy()  # the last is 0: C 1 = 0
+            axes[2].semilogy(
+                range(1, len(spectrum) + 1), spectrum, color=color, alpha=0.5, label=None if layer else model
+            )
     axes[0].set(title="Projection loss J_proj per layer", xlabel="layer", ylabel="J_proj (mean over heads)")
     axes[0].xaxis.get_major_locator().set_params(integer=True)
     axes[1].set(title="Eigenvector test per layer and head", xlabel="|mean γ| (eigenvalue / N)")
     axes[1].set(ylabel="mean |γ_i − γ_j|", xscale="log", yscale="log")
-    axes[2].set(title="Centred Gram spectrum (mean over layers, heads)", xlabel="index", ylabel="eigenvalue")
+    axes[2].set(title="Centred Gram spectrum per layer (mean over heads)", xlabel="index", ylabel="eigenvalue")
     for ax in axes:
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -68,6 +68,7 @@ class ProjectTrainer(pl.Trainer):
 
 def _first_inputs(datamodule: pl.LightningDataModule, split: str, samples: int) -> torch.Tensor:
     """The first ``samples`` network inputs of the datamodule's ``split`` loader (its first one, if several)."""
+    datamodule.prepare_data()  # as Lightning does before a stage: built-in data is written here
     datamodule.setup("fit" if split == "train" else "validate")
     loaders = datamodule.train_dataloader() if split == "train" else datamodule.val_dataloader()
     loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
