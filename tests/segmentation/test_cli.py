@@ -43,6 +43,7 @@ def test_experiment_config_parses_with_the_cpu_trainer(experiment: Path, capsys:
     if experiment.stem.endswith("ade20k-512"):
         assert net["img_size"] == 512 and config["data"]["batch_size"] == 8 and config["trainer"]["max_epochs"] == 64
         assert config["model"]["optimizer"]["init_args"]["momentum"] == 0.9 and config["model"]["poly_power"] == 0.9
+        assert net["decoder_dropout"] == 0.1 and config["data"]["corruption_preset"] == "imagenet-c"
 
 
 def test_fast_dev_run(tmp_path: Path, seg_cache_dir: Path):

@@ -20,14 +20,19 @@ from kpca.segmentation.data import (
 pytestmark = pytest.mark.mmseg
 
 
-def write_ade_folder(root: Path, size: tuple[int, int] = (40, 60)) -> Path:
-    """An ADE20K tree of 2 random images per split whose labels hold 0 (other) and a few classes up to 150."""
+def write_ade_folder(root: Path, size: tuple[int, int] = (40, 60), grey: int | None = None) -> Path:
+    """An ADE20K tree of 2 images per split whose labels hold 0 (other) and a few classes up to 150.
+
+    The images are random, or of the uniform ``grey`` level when given. The labels are blocks: classes 1 and 150 in
+    the left and middle thirds, 7 in the upper half of the right third, 0 below it.
+    """
     rng = np.random.default_rng(0)
     for split in ("training", "validation"):
         (root / "images" / split).mkdir(parents=True)
         (root / "annotations" / split).mkdir(parents=True)
         for i in range(2):
-            Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(root / "images" / split / f"{i}.jpg")
+            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8) if grey is None else np.full((*size, 3), grey)
+            Image.fromarray(pixels.astype(np.uint8)).save(root / "images" / split / f"{i}.jpg")
             label = np.zeros(size, dtype=np.uint8)
             label[:, : size[1] // 3] = 1
             label[:, size[1] // 3 : 2 * size[1] // 3] = 150
@@ -59,8 +64,24 @@ def test_train_pipeline_crops_and_batches_are_padded_with_ignored_labels(tmp_pat
     assert batch["labels"].shape == (2, 48, 48) and batch["labels"].dtype == torch.int64
     assert batch["images"].min() >= 0 and batch["images"].max() <= 1
     assert set(batch["labels"].unique().tolist()) <= {0, 6, 149, 255}
-    short = min(batch["images"].shape[-2:])  # images are 40-80 px high: crops smaller than 48 are padded
-    assert (batch["labels"] == 255).any() or short == 48
+
+
+def test_crops_smaller_than_the_crop_size_are_padded_bottom_right_with_0_and_ignored_labels(tmp_path: Path):
+    root = write_ade_folder(tmp_path / "ade", grey=200)
+    datamodule = ADE20KDataModule(
+        root=root, batch_size=2, num_workers=0, crop_size=48, scale=(30, 20), ratio_range=(1.0, 1.0)
+    )  # 40 x 60 images become 20 x 30 (keep ratio, factor 0.5), smaller than the 48 px crop in both sides
+    datamodule.setup("fit")
+    batch = next(iter(datamodule.train_dataloader()))
+    images, labels = batch["images"], batch["labels"]  # (2, 3, 48, 48), (2, 48, 48)
+    expected = torch.full((20, 30), 255)  # the label blocks at half size, after reduce_zero_label
+    expected[:, :10], expected[:, 10:20], expected[:10, 20:] = 0, 149, 6
+    for image, label in zip(images, labels, strict=True):
+        assert (label[20:] == 255).all() and (label[:, 30:] == 255).all()  # padded rows and columns: ignored
+        assert (image[:, 20:] == 0).all() and (image[:, :, 30:] == 0).all()  # padded pixels: 0 (mmseg's pad_val)
+        assert torch.equal(label[:20, :30], expected) or torch.equal(label[:20, :30], expected.flip(-1))  # flip
+        crop = image[:, :20, :30]  # a uniform grey, photometrically distorted: one non-zero value per channel
+        assert (crop == crop[:, :1, :1]).all() and (crop > 0).all()
 
 
 def test_train_pipeline_is_mmsegs_ade20k_recipe():

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kpca.segmentation.evaluation import corruption_results, write_reports
+from kpca.segmentation.corruption_sets import resolve_corruption_set
+from kpca.segmentation.evaluation import corruption_results, summary_rows, write_reports
 
 pytestmark = pytest.mark.mmseg
 
@@ -35,10 +36,24 @@ def test_reports_are_written_as_markdown_and_csv(tmp_path: Path):
     ]  # fmt: skip
     with open(tmp_path / "segmentation.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["set"], r["severity"]) for r in rows] == [
-        ("clean", ""), ("fog", "1"), ("fog", "2"), ("contrast", "1"), ("fog", "mean"), ("contrast", "mean"),
-        ("all corruptions", "mean"),
+    assert [(r["set"], r["severity"], r["sets"]) for r in rows] == [
+        ("clean", "", "1"), ("fog", "1", "1"), ("fog", "2", "1"), ("contrast", "1", "1"), ("fog", "mean", "2"),
+        ("contrast", "mean", "1"), ("all corruptions", "mean", "3"),
     ]  # fmt: skip
     assert float(rows[-1]["mIoU"]) == pytest.approx(100 / 3)
     per_class = (tmp_path / "per_class_clean.md").read_text().splitlines()
     assert per_class[2] == "| 0 | wall | 60.0000 | 100.0000 |" and per_class[3] == "| 1 | building |  | 100.0000 |"
+
+
+def test_the_corrupted_mean_is_over_exactly_the_chosen_sets():
+    every = resolve_corruption_set("elliptical", severities=[1, 2, 3, 4, 5]).pairs()  # metrics for 19 x 5 sets
+    per_set = {f"{c}/s{s}": metrics(0.01 * (i % 7) + 0.1 * s) for i, (c, s) in enumerate(every)} | {"clean": metrics(1)}
+    chosen = resolve_corruption_set("elliptical").pairs()  # the group's 19 x severities 1-3
+    eval_sets = [("clean", None, None)] + [(f"{c}/s{s}", c, s) for c, s in chosen]
+    expected = sum(float(per_set[f"{c}/s{s}"]["mIoU"]) for c, s in chosen) / 57
+    assert corruption_results(per_set, eval_sets)["corrupted/mean_mIoU"] == pytest.approx(expected, rel=1e-12)
+    assert expected != pytest.approx(sum(float(per_set[f"{c}/s{s}"]["mIoU"]) for c, s in every) / 95)
+    last = summary_rows(per_set, eval_sets)[-1]
+    assert last["set"] == "all corruptions" and last["sets"] == 57 and last["mIoU"] == pytest.approx(100 * expected)
+    with pytest.raises(ValueError, match=r"no metrics for the evaluation set\(s\) \['rain/s1'\]"):
+        corruption_results(per_set, [*eval_sets, ("rain/s1", "rain", 1)])

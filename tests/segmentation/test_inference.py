@@ -1,4 +1,5 @@
-"""Sliding-window inference: window placement, equality with whole-image inference, and averaging of overlaps."""
+"""Sliding-window inference: window placement, equality with whole-image inference, averaging of overlaps, and the
+bilinear resize back to the original image against a float64 half-pixel reference."""
 
 import pytest
 import torch
@@ -40,8 +41,34 @@ def test_stride_must_be_positive_and_at_most_the_window():
         slide_inference(nn.Identity(), torch.rand(1, 3, 8, 8), 3, window=4, stride=5)
 
 
-def test_predictions_are_resized_to_the_original_image():
-    net = nn.Conv2d(3, 5, kernel_size=1)
-    logits, labels = predict_label_map(net, torch.rand(3, 32, 48), (64, 96), 5, window=32, stride=32)
-    assert logits.shape == (5, 64, 96) and labels.shape == (64, 96) and labels.dtype == torch.int64
-    assert resize_logits(logits[None], (64, 96)) is not None
+def half_pixel_bilinear(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinear resize of (K, H, W) to ``size`` with pixel centres aligned (``align_corners=False``, mmseg's), float64.
+
+    Output pixel i samples the input at (i + 0.5) * in / out - 0.5, clamped at 0, between its two neighbours.
+    """
+
+    def along(values: torch.Tensor, axis: int, out: int) -> torch.Tensor:
+        size_in = values.shape[axis]
+        src = ((torch.arange(out, dtype=torch.float64) + 0.5) * size_in / out - 0.5).clamp_min(0)
+        low = src.floor().long().clamp_max(size_in - 1)
+        high = (low + 1).clamp_max(size_in - 1)
+        weight = (src - low).view([-1 if d == axis else 1 for d in range(values.dim())])
+        return values.index_select(axis, low) * (1 - weight) + values.index_select(axis, high) * weight
+
+    return along(along(x.double(), 1, size[0]), 2, size[1])
+
+
+def test_predictions_are_bilinearly_resized_to_the_original_image_and_labelled_by_argmax():
+    torch.manual_seed(0)
+    net = nn.Conv2d(3, 5, kernel_size=1)  # pixelwise: the windows' logits are the whole image's
+    image = torch.rand(3, 32, 48)  # (C, H, W) at the test scale
+    with torch.no_grad():
+        expected = half_pixel_bilinear(net(image[None])[0], (70, 100))  # (K, H0, W0), an up-scale by 2.19 x 2.08
+    logits, labels = predict_label_map(net, image, (70, 100), 5, window=32, stride=32)
+    assert logits.shape == (5, 70, 100) and labels.shape == (70, 100) and labels.dtype == torch.int64
+    torch.testing.assert_close(logits.double(), expected, rtol=0, atol=1e-5)  # float32 sampling positions
+    assert torch.equal(labels, logits.argmax(0)) and torch.equal(labels, expected.argmax(0))
+    small = torch.randn(2, 5, 9, 7)  # (B, K, H, W): a down-scale too
+    reference = torch.stack([half_pixel_bilinear(x, (4, 5)) for x in small])  # (B, K, 4, 5)
+    torch.testing.assert_close(resize_logits(small, (4, 5)).double(), reference, rtol=0, atol=1e-5)
+    assert resize_logits(small, (9, 7)) is small  # already at the original size

@@ -1,4 +1,5 @@
-"""Segmenter and its mask-transformer head: shapes, attention per AttentionSpec, padding, and init_from."""
+"""Segmenter and its mask-transformer head: shapes, attention per AttentionSpec, padding, init_from, decoder
+dropout, and the head against mmseg's ``SegmenterMaskTransformerHead`` with copied weights."""
 
 from pathlib import Path
 
@@ -32,6 +33,82 @@ def test_head_with_rpc_attention_is_symmetric_and_trains():
     tokens = torch.randn(2, 9, 16, requires_grad=True)
     head(tokens, grid=(3, 3)).square().sum().backward()
     assert torch.isfinite(tokens.grad).all() and tokens.grad.abs().sum() > 0
+
+
+def mmseg_head_with_weights_of(head: MaskTransformerHead, in_dim: int) -> torch.nn.Module:
+    """mmseg 1.2.2's SegmenterMaskTransformerHead holding ``head``'s weights (softmax or symmetric attention)."""
+    from mmseg.models.decode_heads.segmenter_mask_head import SegmenterMaskTransformerHead
+
+    dim, num_classes = head.cls_emb.shape[-1], head.num_classes
+    heads = head.blocks[0].attn.num_heads
+    oracle = SegmenterMaskTransformerHead(
+        in_channels=in_dim, channels=dim, num_classes=num_classes, num_layers=len(head.blocks), num_heads=heads,
+        embed_dims=dim, drop_path_rate=0.0,
+    )  # fmt: skip
+    with torch.no_grad():
+        oracle.dec_proj.load_state_dict(head.proj_dec.state_dict())
+        oracle.cls_emb.copy_(head.cls_emb)
+        for layer, block in zip(oracle.layers, head.blocks, strict=True):
+            layer.ln1.load_state_dict(block.norm1.state_dict())
+            layer.ln2.load_state_dict(block.norm2.state_dict())
+            weight, bias = block.attn.qkv.weight, block.attn.qkv.bias  # rows (Q, K, V) or, symmetric, (K, V)
+            if weight.shape[0] == 2 * dim:  # symmetric attention is softmax attention with W_q = W_k
+                weight, bias = torch.cat([weight[:dim], weight]), torch.cat([bias[:dim], bias])
+            layer.attn.attn.in_proj_weight.copy_(weight)
+            layer.attn.attn.in_proj_bias.copy_(bias)
+            layer.attn.attn.out_proj.load_state_dict(block.attn.proj.state_dict())
+            layer.ffn.layers[0][0].load_state_dict(block.mlp.fc1.state_dict())
+            layer.ffn.layers[1].load_state_dict(block.mlp.fc2.state_dict())
+        oracle.decoder_norm.load_state_dict(head.decoder_norm.state_dict())
+        oracle.mask_norm.load_state_dict(head.mask_norm.state_dict())
+        oracle.patch_proj.weight.copy_(head.proj_patch.T)  # ours: x @ P; Linear: x @ W.T
+        oracle.classes_proj.weight.copy_(head.proj_classes.T)
+    return oracle
+
+
+@pytest.mark.filterwarnings("ignore:Fail to import ``MultiScaleDeformableAttention``:UserWarning")  # mmcv-lite
+@pytest.mark.filterwarnings("ignore:``build_loss`` would be deprecated:UserWarning")  # mmseg's own head
+@pytest.mark.filterwarnings("ignore:Default ``avg_non_ignore`` is False:UserWarning")  # its unused loss
+@pytest.mark.parametrize("kind", ["softmax", "symmetric"])
+def test_head_equals_mmsegs_segmenter_mask_transformer_head_with_the_same_weights(kind: str):
+    torch.manual_seed(0)
+    head = MaskTransformerHead(in_dim=24, num_classes=5, dim=64, num_heads=2, attention=AttentionSpec(kind=kind))
+    with torch.no_grad():
+        for name, param in head.named_parameters():  # every weight away from its init (LayerNorms included)
+            if "norm" in name:
+                param.add_(0.3 * torch.randn_like(param))
+            else:
+                param.normal_(0, 0.3)
+    head = head.double().eval()
+    oracle = mmseg_head_with_weights_of(head, in_dim=24).double().eval()
+    tokens = torch.randn(2, 12, 24, dtype=torch.float64)  # (B, N, E) on a 3 x 4 grid, row-major
+    expected = oracle([tokens.transpose(1, 2).reshape(2, 24, 3, 4)])  # mmseg takes (B, E, Gh, Gw) maps
+    masks = head(tokens, grid=(3, 4))
+    assert expected.shape == masks.shape == (2, 5, 3, 4)
+    torch.testing.assert_close(masks, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_decoder_dropout_acts_in_train_mode_only(dropout: float):
+    torch.manual_seed(0)
+    net = Segmenter(num_classes=5, attention=RPC, decoder_dropout=dropout, **TINY)
+    for block in net.decoder.blocks:  # block 0 RPC, block 1 symmetric: attention, projection and MLP
+        drops = (block.attn.attn_drop, block.attn.proj_drop, block.mlp.drop1, block.mlp.drop2)
+        assert [d.p for d in drops] == [dropout] * 4
+    images = torch.rand(2, 3, 32, 32)  # (B, C, H, W)
+    with torch.no_grad():
+        train = [net(images), net(images)]
+        net.eval()
+        evaluation = [net(images), net(images)]
+    assert torch.equal(train[0], train[1]) == (dropout == 0.0)  # the encoder has no dropout and no drop path here
+    assert torch.equal(evaluation[0], evaluation[1])
+    torch.manual_seed(0)
+    undropped = Segmenter(num_classes=5, attention=RPC, decoder_dropout=0.0, **TINY).eval()  # the same init
+    torch.testing.assert_close(evaluation[0], undropped(images), rtol=0, atol=0)
+
+
+def test_segmenter_defaults_to_the_authors_decoder_dropout():
+    assert Segmenter(num_classes=3, **TINY).decoder.blocks[0].mlp.drop1.p == 0.1
 
 
 @pytest.mark.parametrize("size", [(32, 32), (40, 27)])

@@ -28,6 +28,7 @@ from mmseg.registry import TRANSFORMS
 from torch.utils.data import DataLoader, Dataset
 
 from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
+from kpca.segmentation.corruption_sets import resolve_corruption_set
 from kpca.training.data import (
     UnpaddedDistributedSampler,
     default_cache_dir,
@@ -35,7 +36,7 @@ from kpca.training.data import (
     per_device_batch_size,
     require_built,
 )
-from kpca.training.vision.corruptions import IMAGENET_C_CORRUPTIONS, check_corruptions, corrupt_seeded
+from kpca.training.vision.corruptions import check_corruptions, corrupt_seeded
 
 ADE20K_LAYOUT = (
     "root/images/{training,validation}/*.jpg and root/annotations/{training,validation}/*.png (ADEChallengeData2016)"
@@ -185,8 +186,11 @@ class ADE20KDataModule(LightningDataModule):
         cat_max_ratio: a crop is re-drawn (up to 10 times) while one class covers more than this fraction.
         train_subset: use only this many training images, evenly spaced (None: all).
         eval_subset: use only this many validation images, evenly spaced, in every evaluation set (None: all).
-        corruptions: corruption names for the test sets (``imagecorruptions``; default the 15 of ImageNet-C).
-        severities: corruption severities, 1-5.
+        corruption_preset: the corrupted test sets (see :mod:`kpca.segmentation.corruption_sets`): ``imagenet-c``
+            (the 15 ImageNet-C corruptions x severities 1-5) or ``elliptical`` (the group's ADE20K-C harness: 19
+            corruptions x severities 1-3).
+        corruptions: ``imagecorruptions`` names replacing the preset's (None: the preset's; ``[]``: clean only).
+        severities: severities in 1-5 replacing the preset's (None: the preset's).
         corruption_seed: base seed of the corruptions.
     """
 
@@ -207,8 +211,9 @@ class ADE20KDataModule(LightningDataModule):
         cat_max_ratio: float = 0.75,
         train_subset: int | None = None,
         eval_subset: int | None = None,
-        corruptions: list[str] = list(IMAGENET_C_CORRUPTIONS),  # noqa: B006, B008 (CLI default, never mutated)
-        severities: list[int] = [1, 2, 3, 4, 5],  # noqa: B006 (CLI default, never mutated)
+        corruption_preset: Literal["imagenet-c", "elliptical"] = "imagenet-c",
+        corruptions: list[str] | None = None,
+        severities: list[int] | None = None,
         corruption_seed: int = 0,
     ) -> None:
         super().__init__()
@@ -217,7 +222,7 @@ class ADE20KDataModule(LightningDataModule):
                 f"set exactly one of data.root (an ADE20K folder: {ADE20K_LAYOUT}) and data.builtin ('synthetic'); "
                 f"got root={root!r}, builtin={builtin!r}"
             )
-        check_corruptions(corruptions, severities)
+        corruption_set = resolve_corruption_set(corruption_preset, corruptions, severities)
         self.root = Path(root) if root is not None else None
         self.builtin = builtin
         self.synthetic = synthetic
@@ -233,8 +238,7 @@ class ADE20KDataModule(LightningDataModule):
         self.cat_max_ratio = cat_max_ratio
         self.train_subset = train_subset
         self.eval_subset = eval_subset
-        self.corruptions = list(corruptions)
-        self.severities = list(severities)
+        self.corruption_set = corruption_set
         self.corruption_seed = corruption_seed
         self.batch_size_per_device = batch_size
         self.train_set: MMSegDataset | None = None
@@ -262,9 +266,22 @@ class ADE20KDataModule(LightningDataModule):
         return [list(c) for c in ADE20KDataset.METAINFO["palette"]]
 
     @property
+    def corruptions(self) -> list[str]:
+        """The corruptions of the test sets (the preset's unless ``corruptions`` was given)."""
+        return list(self.corruption_set.corruptions)
+
+    @property
+    def severities(self) -> list[int]:
+        """The severities of the test sets (the preset's unless ``severities`` was given)."""
+        return list(self.corruption_set.severities)
+
+    @property
     def eval_sets(self) -> list[tuple[str, str | None, int | None]]:
-        """``(name, corruption, severity)`` per test loader: ``("clean", None, None)``, ``("fog/s3", "fog", 3)``..."""
-        corrupted = [(f"{c}/s{s}", c, s) for c in self.corruptions for s in self.severities]
+        """``(name, corruption, severity)`` per test loader: ``("clean", None, None)``, ``("fog/s3", "fog", 3)``...
+
+        After the clean set come exactly the pairs of :attr:`corruption_set`, corruption-major.
+        """
+        corrupted = [(f"{c}/s{s}", c, s) for c, s in self.corruption_set.pairs()]
         return [("clean", None, None), *corrupted]
 
     def prepare_data(self) -> None:

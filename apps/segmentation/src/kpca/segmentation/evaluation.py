@@ -3,7 +3,9 @@
 Reports (Markdown and CSV, written atomically with ``kpca.training.reports.write_report``) in the log dir:
 
 * ``segmentation.{md,csv}``: one row per evaluation set (clean, then each corruption at each severity), one mean
-  row per corruption over its severities, and the mean over all corrupted sets; aAcc, mAcc and mIoU in %.
+  row per corruption over its severities, and the mean over all corrupted sets; aAcc, mAcc and mIoU in %, and
+  ``sets``, the number of evaluation sets a row averages. The means are over exactly the chosen sets
+  (``ADE20KDataModule.eval_sets``: the corruption preset, or the corruptions and severities given).
 * ``per_class_clean.{md,csv}``: IoU and accuracy of each of the 150 classes on the clean set (empty where a class
   is absent from both predictions and labels, as mmseg's NaN).
 """
@@ -11,6 +13,7 @@ Reports (Markdown and CSV, written atomically with ``kpca.training.reports.write
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -26,12 +29,18 @@ def corruption_results(per_set: Mapping[str, Mapping[str, object]], eval_sets: E
     """Flat ``{key: fraction}`` for logging, for each of aAcc, mAcc and mIoU.
 
     Keys: ``clean/mIoU``, ``corrupted/fog/s3/mIoU``, ``corrupted/fog/mIoU`` (mean over severities) and
-    ``corrupted/mean_mIoU`` (mean over all corrupted sets).
+    ``corrupted/mean_mIoU`` (mean over all corrupted sets of ``eval_sets``, and only those).
 
     Args:
-        per_set: ``SegmentationMetrics.compute()`` of each evaluation set, by name.
+        per_set: ``SegmentationMetrics.compute()`` of each evaluation set, by name (other names are ignored).
         eval_sets: ``(name, corruption, severity)`` of each set (``ADE20KDataModule.eval_sets``).
+
+    Raises:
+        ValueError: If a set of ``eval_sets`` has no metrics in ``per_set``.
     """
+    missing = [name for name, _, _ in eval_sets if name not in per_set]
+    if missing:
+        raise ValueError(f"no metrics for the evaluation set(s) {missing}; per_set has {sorted(per_set)}")
     results: dict[str, float] = {}
     by_corruption: dict[str, list[str]] = {}
     for name, corruption, _ in eval_sets:
@@ -55,13 +64,12 @@ def summary_rows(per_set: Mapping[str, Mapping[str, object]], eval_sets: EvalSet
     rows = []
     for name, corruption, severity in eval_sets:
         prefix = "clean" if corruption is None else f"corrupted/{name}"
-        rows.append(_row("clean" if corruption is None else corruption, severity or "", results, f"{prefix}/"))
-    for corruption in dict.fromkeys(c for _, c, _ in eval_sets if c is not None):
-        rows.append(_row(corruption, "mean", results, f"corrupted/{corruption}/"))
-    if any(c is not None for _, c, _ in eval_sets):
-        rows.append(
-            {"set": "all corruptions", "severity": "mean"} | {m: 100 * results[f"corrupted/mean_{m}"] for m in METRICS}
-        )
+        rows.append(_row("clean" if corruption is None else corruption, severity or "", 1, results, f"{prefix}/"))
+    counts = Counter(c for _, c, _ in eval_sets if c is not None)  # corruption -> number of severities
+    for corruption, count in counts.items():
+        rows.append(_row(corruption, "mean", count, results, f"corrupted/{corruption}/"))
+    if counts:
+        rows.append(_row("all corruptions", "mean", counts.total(), results, "corrupted/mean_"))
     return rows
 
 
@@ -84,8 +92,8 @@ def write_reports(
     return paths
 
 
-def _row(name: str, severity: object, results: Mapping[str, float], prefix: str) -> dict[str, object]:
-    return {"set": name, "severity": severity} | {m: 100 * results[f"{prefix}{m}"] for m in METRICS}
+def _row(name: str, severity: object, sets: int, results: Mapping[str, float], prefix: str) -> dict[str, object]:
+    return {"set": name, "severity": severity, "sets": sets} | {m: 100 * results[f"{prefix}{m}"] for m in METRICS}
 
 
 def _mean(values) -> float:

@@ -32,6 +32,11 @@ class MaskTransformerHead(nn.Module):
     through ``depth`` pre-norm transformer blocks (timm ``Block``, attention replaced per ``attention``), and the
     masks are the products of L2-normalised patch and class features, LayerNorm-ed over classes.
 
+    It follows the authors' ``segm/model/decoder_rpc.py`` (a fork of Segmenter's): the same layers, LayerNorm eps
+    1e-5, dropout and initialisation. mmseg's ``SegmenterMaskTransformerHead`` computes the same function (tested
+    with copied weights); it stores ``proj_patch`` and ``proj_classes`` as bias-free ``Linear`` layers (transposed)
+    and initialises them differently.
+
     Args:
         in_dim: encoder width E.
         num_classes: number of classes K.
@@ -41,7 +46,8 @@ class MaskTransformerHead(nn.Module):
         attention: attention of the blocks; ``rpc`` needs no queries (symmetric), as RPCAttention is.
         mlp_ratio: MLP hidden width / D.
         drop_path_rate: stochastic depth, increasing linearly over the blocks.
-        dropout: dropout in attention projection and MLP.
+        dropout: dropout on the attention probabilities, after the attention projection and in the MLP (after the
+            activation and after the second layer), as the authors' ``blocks_rpc.py`` and Segmenter (0.1 there).
     """
 
     def __init__(
@@ -64,7 +70,17 @@ class MaskTransformerHead(nn.Module):
         self.proj_dec = nn.Linear(in_dim, dim)
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
         self.blocks = nn.ModuleList(
-            Block(dim, num_heads, mlp_ratio, qkv_bias=True, proj_drop=dropout, drop_path=rate) for rate in rates
+            Block(
+                dim,
+                num_heads,
+                mlp_ratio,
+                qkv_bias=True,
+                proj_drop=dropout,
+                attn_drop=dropout,
+                drop_path=rate,
+                norm_layer=nn.LayerNorm,  # eps 1e-5 as the authors' blocks (timm's Block default: 1e-6)
+            )
+            for rate in rates
         )
         self.cls_emb = nn.Parameter(torch.zeros(1, num_classes, dim))
         self.decoder_norm = nn.LayerNorm(dim)
@@ -129,6 +145,8 @@ class Segmenter(nn.Module):
         decoder_heads: decoder heads; None uses D // 64 (at least 1).
         drop_path_rate: stochastic depth of the encoder (Segmenter: 0.1).
         decoder_drop_path_rate: stochastic depth of the decoder (Segmenter: 0.0).
+        decoder_dropout: dropout of the decoder blocks on attention probabilities, attention projection and MLP
+            (Segmenter and the authors: 0.1, ``mask_transformer: dropout`` of their ``config.yml``).
         mean: per-channel mean used to normalise [0, 1] inputs.
         std: per-channel std used to normalise [0, 1] inputs.
         init_from: a classifier checkpoint for the encoder (ours from ``vision-cls``, timm/DeiT, or the authors'
@@ -154,6 +172,7 @@ class Segmenter(nn.Module):
         decoder_heads: int | None = None,
         drop_path_rate: float = 0.1,
         decoder_drop_path_rate: float = 0.0,
+        decoder_dropout: float = 0.1,
         mean: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN,
         std: tuple[float, float, float] = IMAGENET_DEFAULT_STD,
         init_from: str | None = None,
@@ -183,6 +202,7 @@ class Segmenter(nn.Module):
             num_heads=decoder_heads,
             attention=self.decoder_attention,
             drop_path_rate=decoder_drop_path_rate,
+            dropout=decoder_dropout,
         )
         self.patch_size = patch_size
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)

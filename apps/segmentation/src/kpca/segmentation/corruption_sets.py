@@ -1,0 +1,81 @@
+"""Named ADE20K-C evaluation sets: which ``imagecorruptions`` corruptions, at which severities, ``test`` evaluates.
+
+Presets (:data:`CORRUPTION_PRESETS`):
+
+* ``imagenet-c`` (the default): the 15 ImageNet-C benchmark corruptions (Hendrycks & Dietterich) at severities 1-5,
+  75 sets, as shared/paper.md describes the paper's corrupted ADE20K.
+* ``elliptical``: the set of the group's ADE20K-C harness (KurtPask/Elliptical-Attention ``ADE20K/test_city_c.py``
+  lines 93-105, from NVlabs/FAN): all 19 ``imagecorruptions`` corruptions (the 15 plus ``speckle_noise``,
+  ``gaussian_blur``, ``saturate`` and ``spatter``) at severities 1-3, 57 sets, in that file's order.
+
+Both are applied on the fly to the original validation images (:class:`kpca.segmentation.data.CorruptImage`). The
+group's harness reads copies made offline instead (``gen_city_c.py``); the differences that remain are listed in the
+README's protocols table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kpca.training.vision.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_SEVERITIES, check_corruptions
+
+ELLIPTICAL_CORRUPTIONS: tuple[str, ...] = (
+    *("gaussian_noise", "shot_noise", "speckle_noise", "impulse_noise"),  # noise_list
+    *("zoom_blur", "elastic_transform"),  # extra
+    *("gaussian_blur", "motion_blur", "glass_blur", "defocus_blur"),  # blur_list
+    *("contrast", "jpeg_compression", "saturate", "pixelate"),  # digital_list
+    *("snow", "fog", "frost", "spatter", "brightness"),  # weather_list
+)
+"""The 19 corruptions of the group's ``test_city_c.py`` (lines 93-98), in its order."""
+
+
+@dataclass(frozen=True)
+class CorruptionSet:
+    """Corruptions evaluated at each of the severities: ``len(corruptions) * len(severities)`` test sets.
+
+    Attributes:
+        corruptions: ``imagecorruptions`` names, each at most once.
+        severities: severities in 1-5, each at most once.
+    """
+
+    corruptions: tuple[str, ...]
+    severities: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        check_corruptions(self.corruptions, self.severities)
+        for name, values in (("corruptions", self.corruptions), ("severities", self.severities)):
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(f"data.{name} lists {repeated} more than once; give each one once")
+
+    def pairs(self) -> list[tuple[str, int]]:
+        """``(corruption, severity)`` of every test set, corruption-major: ``[(c0, s0), (c0, s1), ..., (c1, s0), ...]``.
+
+        Returns:
+            ``len(corruptions) * len(severities)`` pairs.
+        """
+        return [(c, s) for c in self.corruptions for s in self.severities]
+
+
+CORRUPTION_PRESETS: dict[str, CorruptionSet] = {
+    "imagenet-c": CorruptionSet(IMAGENET_C_CORRUPTIONS, IMAGENET_C_SEVERITIES),
+    "elliptical": CorruptionSet(ELLIPTICAL_CORRUPTIONS, (1, 2, 3)),
+}
+
+
+def resolve_corruption_set(
+    preset: str, corruptions: Sequence[str] | None = None, severities: Sequence[int] | None = None
+) -> CorruptionSet:
+    """The preset's corruptions and severities, either replaced by ``corruptions`` / ``severities`` when given.
+
+    Raises:
+        ValueError: naming the valid choices, for an unknown preset, corruption name or severity, or a repeat.
+    """
+    if preset not in CORRUPTION_PRESETS:
+        raise ValueError(f"unknown data.corruption_preset {preset!r}; choose one of {sorted(CORRUPTION_PRESETS)}")
+    base = CORRUPTION_PRESETS[preset]
+    return CorruptionSet(
+        tuple(base.corruptions if corruptions is None else corruptions),
+        tuple(base.severities if severities is None else severities),
+    )
