@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -188,3 +189,51 @@ class Throughput(ThroughputMonitor):
 
     def on_predict_batch_end(self, *args: Any, **kwargs: Any) -> None:
         """Not measured (see the class docstring)."""
+
+
+class HParamsSummary(pl.Callback):
+    """Write each run's hyper-parameters with its real final metrics for TensorBoard's HParams tab.
+
+    Lightning's own hyper-parameter summary carries a placeholder ``hp_metric`` (the trainer files turn it off
+    with ``default_hp_metric: false``); this callback writes the one summary of a run when it ends: at the end of
+    ``fit`` with the final ``val/*`` metrics and the checkpoint callback's best score (``hparams/best/<monitor>``),
+    at the end of ``validate`` / ``test`` with that stage's metrics. Metrics are logged as scalars under
+    ``hparams/<name>`` (so they never collide with the run's curves). The hyper-parameters are those Lightning
+    collected for the loggers (the module's and the datamodule's saved arguments, the network's config included)
+    plus the global seed.
+    """
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Summarise a fit: final validation metrics and the best monitored score."""
+        metrics = self._metrics(trainer, "val/")
+        best = trainer.checkpoint_callback
+        if best is not None and getattr(best, "best_model_score", None) is not None:
+            metrics[f"hparams/best/{best.monitor}"] = float(best.best_model_score)
+        self._write(trainer, metrics)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Summarise a ``validate`` run (validation inside ``fit`` is summarised at the end of the fit)."""
+        if trainer.state.fn == "validate":
+            self._write(trainer, self._metrics(trainer, "val/"))
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Summarise a ``test`` run with every test metric."""
+        self._write(trainer, self._metrics(trainer, "test/"))
+
+    @staticmethod
+    def _metrics(trainer: pl.Trainer, prefix: str) -> dict[str, float]:
+        return {
+            f"hparams/{name}": float(value)
+            for name, value in trainer.callback_metrics.items()
+            if name.startswith(prefix) and value.numel() == 1
+        }
+
+    @staticmethod
+    def _write(trainer: pl.Trainer, metrics: dict[str, float]) -> None:
+        if not metrics or trainer.sanity_checking:
+            return
+        for lg in trainer.loggers:
+            if isinstance(lg, TensorBoardLogger):
+                params = {k: v for k, v in lg.hparams.items() if not k.startswith("_")}  # not _instantiator
+                params["seed"] = os.environ.get("PL_GLOBAL_SEED", "none")
+                lg.log_hyperparams(params, metrics, step=trainer.global_step)
