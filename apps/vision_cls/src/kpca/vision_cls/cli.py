@@ -2,18 +2,62 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
 from lightning.pytorch.cli import ArgsType
 
 from kpca.training.cli import ProjectCLI
+from kpca.training.trainer import ProjectTrainer
 from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.module import ClassificationModule
+from kpca.vision_cls.timm_models import export_timm
+
+logger = logging.getLogger(__name__)
+
+
+class VisionTrainer(ProjectTrainer):
+    """ProjectTrainer plus :meth:`export`, the ``vision-cls export`` subcommand."""
+
+    def export(
+        self,
+        model: pl.LightningModule,
+        out_dir: str,
+        datamodule: pl.LightningDataModule | None = None,
+        ckpt_path: str | None = None,
+    ) -> Path:
+        """Write the classifier of ``ckpt_path`` as a timm model folder: ``model.safetensors`` + ``config.json``.
+
+        ``timm.create_model("local-dir:<out_dir>", pretrained=True)`` loads it back (after ``import
+        kpca.vision_cls`` for SymViT / RPC / scaled models; a DeiT needs timm only). Its inputs are
+        normalised with the config's mean and std, as every timm model's are.
+
+        Args:
+            model: the LightningModule whose ``net`` (a ViTClassifier) is exported.
+            out_dir: the folder to create (it must not exist).
+            datamodule: unused (LightningCLI passes the configured one).
+            ckpt_path: the checkpoint whose weights are exported; None exports the initial weights.
+        """
+        if ckpt_path is not None:
+            model.load_state_dict(torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"])
+        folder = export_timm(model.net, out_dir)
+        logger.info("export: %s -> %s (timm.create_model('local-dir:%s', pretrained=True))", ckpt_path, folder, folder)
+        return folder
 
 
 class VisionCLI(ProjectCLI):
     """Adds best/last checkpoints on ``val/acc1``, attention maps, and the class-count link (to ProjectCLI's)."""
 
     monitor, mode = "val/acc1", "max"
+    trainer_type = VisionTrainer
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """ProjectCLI's subcommands plus ``export`` (a timm model folder of a checkpoint)."""
+        return {**ProjectCLI.subcommands(), "export": {"model", "datamodule"}}
 
     def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(AttentionMaps, "attention_maps")
@@ -21,7 +65,9 @@ class VisionCLI(ProjectCLI):
 
 
 def main(args: ArgsType = None) -> VisionCLI:
-    """Run ``vision-cls fit|validate|test|predict -c configs/trainer/<hw>.yaml -c configs/vision_cls/<exp>.yaml``.
+    """Run ``vision-cls <subcommand> -c configs/trainer/<hw>.yaml -c configs/vision_cls/<exp>.yaml``.
+
+    Subcommands: fit, validate, test, predict, analyze (kernel-PCA report), export (a timm model folder).
 
     Returns the CLI object (its ``trainer``, ``model`` and ``datamodule``) for use from Python.
     """

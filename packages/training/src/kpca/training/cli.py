@@ -76,6 +76,8 @@ class ProjectCLI(LightningCLI):
     mode: str = "min"
     best_filename: str = "best-{epoch:03d}"
     throughput: tuple[Callable[[Any], int], Callable[[Any], int] | None] = (batch_size, None)
+    trainer_type: type[ProjectTrainer] = ProjectTrainer
+    """The Trainer class; an app whose Trainer subclass adds a subcommand also lists it in :meth:`subcommands`."""
 
     def __init__(self, model_class, datamodule_class, args: ArgsType = None) -> None:
         console_logging()
@@ -83,7 +85,7 @@ class ProjectCLI(LightningCLI):
             model_class,
             datamodule_class,
             args=args,
-            trainer_class=ProjectTrainer,
+            trainer_class=self.trainer_type,
             trainer_defaults={"plugins": [{"class_path": CHECKPOINT_IO}]},
             save_config_kwargs={"overwrite": True},
         )
