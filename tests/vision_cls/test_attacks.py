@@ -1,4 +1,5 @@
-"""FGSM, PGD and SPSA on tiny real models (CPU, no downloads): bounds, loss, reference space, side effects, errors."""
+"""FGSM, PGD and SPSA on tiny real models (CPU, no downloads): bounds, loss, reference space, model-call budgets,
+fp32 under autocast, cleverhans' SPSA against a loop restatement, side effects, errors."""
 
 import math
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kpca.vision_cls.attacks import AttackSpec, eps_from_255, fgsm, pgd, run_attack, spsa
+from kpca.vision_cls.attacks import AttackSpec, eps_from_255, fgsm, pgd, predicted_labels, run_attack, spsa
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -30,6 +31,26 @@ class Normalised(nn.Module):
         z = (x - self.mean) / self.std
         self.seen = z.detach()
         return self.net(z)
+
+
+class Counted(nn.Module):
+    """Wraps a model: records every call's input and the dtype its logits were computed in (bf16 under autocast)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.inputs: list[torch.Tensor] = []
+        self.dtypes: list[torch.dtype] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.inputs.append(x.detach().clone())
+        logits = self.model(x)
+        self.dtypes.append(logits.dtype)
+        return logits
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return [x.shape[0] for x in self.inputs]
 
 
 def attack(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, **kw) -> torch.Tensor:
@@ -189,12 +210,136 @@ def test_spsa_chunking_gives_the_same_result(trained):
     torch.testing.assert_close(one_chunk, one_direction_per_chunk)
 
 
+def test_each_attack_calls_the_model_an_exact_number_of_times(trained):
+    model, x, y = trained
+    counted = Counted(model)
+    batch = x.shape[0]  # 32
+    fgsm(counted, x, y, 4 / 255)
+    assert counted.batch_sizes == [batch]  # one forward + backward
+    counted.inputs.clear()
+    pgd(counted, x, y, 4 / 255, steps=3)
+    assert counted.batch_sizes == [batch] * 3  # one pass per step; the random start needs none
+    counted.inputs.clear()
+    # 10 directions per step, max_batch 192 = 3 directions x 2 signs x 32 images per call: chunks of 3, 3, 3, 1.
+    spsa(counted, x, y, 4 / 255, samples=10, steps=2, max_batch=192)
+    assert counted.batch_sizes == [2 * batch * s for s in (3, 3, 3, 1)] * 2
+    assert sum(counted.batch_sizes) == 2 * 10 * 2 * batch  # 2 * samples * steps forwards per image
+    counted.inputs.clear()
+    for name in ("fgsm", "pgd", "spsa"):
+        attack(name, counted, x, y, 0.0)
+    assert counted.batch_sizes == []
+
+
+@pytest.mark.parametrize("name", ["fgsm", "pgd", "spsa"])
+def test_attacks_run_in_float32_under_a_bf16_autocast(trained, name):
+    model, x, y = trained
+    counted = Counted(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert counted(x).dtype == torch.bfloat16  # the surrounding code does run in bf16
+        torch.manual_seed(0)
+        adv = attack(name, counted, x, y, 8 / 255)
+        labels = predicted_labels(counted, x)
+    assert counted.dtypes[1:] == [torch.float32] * (len(counted.dtypes) - 1)
+    assert adv.dtype == torch.float32
+    torch.manual_seed(0)
+    torch.testing.assert_close(adv, attack(name, model, x, y, 8 / 255), atol=0, rtol=0)
+    torch.testing.assert_close(labels, model(x).argmax(1))
+
+
+def test_attacks_refuse_a_half_precision_model(trained):
+    model, x, y = trained
+    half = Normalised(nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, NUM_CLASSES))).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"torch.bfloat16 parameters.*bf16-mixed or 32-true"):
+        fgsm(half, x, y, 4 / 255)
+    with pytest.raises(ValueError, match="torch.bfloat16 parameters"):
+        predicted_labels(half, x)
+
+
+def cleverhans_spsa_restated(net, x_norm, y, eps, steps, samples, delta, lr, starts, signs, gradient_at):
+    """cleverhans' spsa (cleverhans/torch/attacks/spsa.py) restated in loop form: one image, one step at a time.
+
+    ``net`` takes normalised tensors (the authors' ``model_fn``); no clipping (clip_min/max = -inf/inf).
+    The random numbers are given (``starts`` (B, C, H, W) uniforms in [0, 1), ``signs`` (steps, S, B, C, H, W)
+    Rademacher signs) because cleverhans draws them image by image and the port draws them for the batch at
+    once. ``gradient_at="cleverhans"`` passes ``x`` to ``loss_fn`` as cleverhans does (probes at 2x ± δv);
+    ``"iterate"`` passes the perturbation, the estimate at the iterate. Returns the adversarial normalised
+    images and every probe, (B, steps, 2S, C, H, W).
+    """
+    adversarial, probes = [], []
+    for b in range(x_norm.shape[0]):
+        x = x_norm[b : b + 1]  # (1, C, H, W)
+        label = y[b : b + 1]
+        perturbation = ((starts[b : b + 1] * 2 - 1) * eps).clamp(-eps, eps)
+        m = torch.zeros_like(x)
+        v = torch.zeros_like(x)
+        image_probes = []
+        for t in range(1, steps + 1):
+
+            def loss_fn(pert, x=x, label=label):
+                logits = net(x + pert)  # (2S, K)
+                correct = logits.gather(1, label.expand(len(pert))[:, None]).squeeze(1)
+                wrong = logits.scatter(1, label.expand(len(pert))[:, None], float("-inf")).amax(1)
+                return -(wrong - correct)  # untargeted: minimise the negative margin
+
+            delta_x = delta * signs[t - 1][:, b]  # (S, C, H, W)
+            delta_x = torch.cat([delta_x, -delta_x])  # (2S, C, H, W)
+            centre = x if gradient_at == "cleverhans" else perturbation
+            image_probes.append(x + (centre + delta_x))
+            loss_vals = loss_fn(centre + delta_x)  # (2S,)
+            grad = torch.zeros_like(x)
+            for k in range(2 * samples):
+                grad += loss_vals[k] * delta_x[k].sign() / delta / (2 * samples)
+            # torch.optim.Adam, default betas and eps, on the perturbation.
+            m = 0.9 * m + 0.1 * grad
+            v = 0.999 * v + 0.001 * grad * grad
+            denom = v.sqrt() / math.sqrt(1 - 0.999**t) + 1e-8
+            perturbation = (perturbation - lr / (1 - 0.9**t) * m / denom).clamp(-eps, eps)
+        adversarial.append(x + perturbation)
+        probes.append(torch.stack(image_probes))  # (steps, 2S, C, H, W)
+    return torch.cat(adversarial), torch.stack(probes)
+
+
+@pytest.mark.parametrize("gradient", ["cleverhans", "iterate"])
+def test_spsa_matches_a_loop_restatement_of_cleverhans_in_float64(gradient):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    model = Counted(Normalised(net).double())
+    x = 0.2 + 0.6 * torch.rand(3, 3, 2, 2, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2])
+    settings = {"steps": 3, "samples": 4, "delta": 0.01, "lr": 0.01}
+    eps = 0.05
+    torch.manual_seed(1)
+    mean, std = model.model.mean, model.model.std  # float64 buffers: the attack and the model normalise alike
+    adv = spsa(model, x, y, eps, gradient=gradient, space="reference", mean=mean, std=std, **settings)
+    torch.manual_seed(1)  # the port's draws: the start, then each step's signs for the whole batch
+    starts = torch.rand(3, 3, 2, 2, dtype=torch.float64)
+    signs = [torch.randint(0, 2, (4, 3, 3, 2, 2)).double() * 2 - 1 for _ in range(3)]
+    x_norm = (x - mean) / std
+    expected, probes = cleverhans_spsa_restated(
+        net, x_norm, y, eps, starts=starts, signs=signs, gradient_at=gradient, **settings
+    )
+    assert adv.dtype == torch.float64
+    torch.testing.assert_close((adv - mean) / std, expected, atol=1e-12, rtol=0)
+    seen = torch.stack(model.inputs)  # (steps, 2 * S * B, C, H, W): [+v for S x B images, then -v]
+    seen = ((seen - mean) / std).view(3, 2, 4, 3, 3, 2, 2)  # (steps, sign, S, B, C, H, W)
+    seen = seen.permute(3, 0, 1, 2, 4, 5, 6).reshape(3, 3, 8, 3, 2, 2)  # (B, steps, 2S, C, H, W)
+    torch.testing.assert_close(seen, probes, atol=1e-12, rtol=0)
+    if gradient == "cleverhans":  # every probe sits at 2x ± delta v, whatever the iterate
+        offsets = (probes - 2 * x_norm[:, None, None]) / settings["delta"]
+        torch.testing.assert_close(offsets.abs(), torch.ones_like(offsets))
+    moved = (adv - mean) / std - (x_norm + (starts * 2 - 1) * eps)  # the Adam steps, beyond the random start
+    assert moved.abs().max() > settings["lr"]
+
+
 def test_attack_spec_and_dispatch(trained):
     model, x, y = trained
     spec = AttackSpec.from_255("pgd", space="pixel", steps=3)
     assert spec.eps == pytest.approx([k / 255 for k in range(1, 7)])
     assert spec.attack_kwargs() == {"space": "pixel", "steps": 3}
     assert AttackSpec("fgsm", [0.01]).attack_kwargs() == {"space": "pixel"}
+    published = AttackSpec("spsa", [0.01], space="reference", steps=10, labels="predicted", spsa_gradient="cleverhans")
+    assert published.attack_kwargs() == {"space": "reference", "steps": 10, "gradient": "cleverhans"}
+    assert published.tag == "spsa-reference-predicted-cleverhans" and spec.tag == "pgd-pixel"
     torch.manual_seed(3)
     via_dispatch = run_attack(spec.name, spec.eps[3], model, x, y, **spec.attack_kwargs())
     torch.manual_seed(3)
@@ -228,6 +373,10 @@ def test_attack_spec_and_dispatch(trained):
         (lambda m, x, y: AttackSpec("pgd", [0.01], steps=0), ValueError, "steps"),
         (lambda m, x, y: AttackSpec("apgd", [0.01]), ValueError, "attack name.*'apgd'"),
         (lambda m, x, y: AttackSpec("pgd", [0.01], space="norm"), ValueError, "space.*'norm'"),
+        (lambda m, x, y: AttackSpec("pgd", [0.01], labels=True), ValueError, "labels must be one of.*got True"),
+        (lambda m, x, y: AttackSpec("pgd", [0.01], spsa_gradient="cleverhans"), ValueError, "SPSA setting.*'pgd'"),
+        (lambda m, x, y: AttackSpec("spsa", [0.01], spsa_gradient="2x"), ValueError, "SPSA gradient.*'2x'"),
+        (lambda m, x, y: spsa(m, x, y, 0.01, gradient="clean"), ValueError, "SPSA gradient.*'clean'"),
         (lambda m, x, y: eps_from_255((1, -2)), ValueError, "got -2"),
     ],
 )

@@ -1,6 +1,7 @@
 """ClassificationModule (training step, Mixup, no-decay groups, lr schedule, EMA) and RobustnessEvaluator (CPU)."""
 
 import csv
+import logging
 import math
 from functools import partial
 from pathlib import Path
@@ -9,17 +10,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from lightning.pytorch import Callback, Trainer
 from sklearn.metrics import average_precision_score
 from torch import nn
 
 from kpca.attention import AttentionSpec
-from kpca.vision_cls.attacks import AttackSpec
+from kpca.vision_cls.attacks import AttackSpec, eps_from_255
+from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import EvalSet, ImageNetDataModule
 from kpca.vision_cls.evaluation import RobustnessEvaluator
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
 from kpca.vision_cls.robustness import subset_indices
+from tests.cli_support import CONFIGS, CPU, run_cli
 
 # Expected in fits with EMA: the EMA copy stays in eval mode on purpose (timm's ModelEmaV3).
 EMA_IN_EVAL_MODE = pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
@@ -159,15 +163,14 @@ def test_ema_follows_the_weights_and_is_validated(fitted):
 
 
 class PixelLinear(nn.Module):
-    """A fixed 1000-class linear classifier of normalised 4 x 4 images, with the buffers the evaluator reads."""
+    """A fixed linear classifier of normalised 4 x 4 images (1000 classes), with the buffers the evaluator reads."""
 
-    num_classes = 1000
-
-    def __init__(self) -> None:
+    def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
+        self.num_classes = num_classes
         self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))  # (1, C, 1, 1)
         self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))  # (1, C, 1, 1)
-        self.head = nn.Linear(3 * 4 * 4, 1000)
+        self.head = nn.Linear(3 * 4 * 4, num_classes)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(((images - self.mean) / self.std).flatten(1))  # (B, C*H*W) -> (B, K)
@@ -226,6 +229,7 @@ def routed():
         "corrupted/mean_acc1": 0.375,  # no mCE: 14 of the 15 corruptions are missing
         "imagenet_a/acc1": 0.75,
         "imagenet_o/aupr": aupr,
+        "clean/n_images": 4.0,
     }
     return evaluator, evaluator.compute(), expected
 
@@ -241,12 +245,19 @@ def test_evaluator_writes_markdown_and_csv_reports(routed, tmp_path: Path):
     names = ["robustness.md", "robustness.csv", "robustness_corrupted.md", "robustness_corrupted.csv"]
     assert [p.name for p in paths] == names and all(p.is_file() for p in paths)
     with open(tmp_path / "robustness.csv") as f:
-        assert {row["metric"]: float(row["value"]) for row in csv.DictReader(f)} == pytest.approx(results)
+        rows = list(csv.DictReader(f))
+    counts = {name: value for name, value in results.items() if name.endswith("/n_images")}
+    assert counts == {"clean/n_images": 4.0}  # a column, not a row
+    assert {row["metric"]: float(row["value"]) for row in rows} == pytest.approx(
+        {name: value for name, value in results.items() if name not in counts}
+    )
+    assert {row["metric"]: row["n"] for row in rows if row["n"]} == {"clean/acc1": "4", "clean/acc5": "4"}
     with open(tmp_path / "robustness_corrupted.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["corruption"] for r in rows] == ["gaussian_noise", "mean"]
     assert float(rows[0]["error"]) == pytest.approx(0.625)
-    assert "| imagenet_a/acc1 | 0.7500 |" in (tmp_path / "robustness.md").read_text()
+    assert "| imagenet_a/acc1 | 0.7500 |  |" in (tmp_path / "robustness.md").read_text()
+    assert "| clean/acc1 | 0.5000 | 4 |" in (tmp_path / "robustness.md").read_text()
 
 
 def test_evaluator_attacks_the_first_clean_batches_inside_inference_mode():
@@ -272,3 +283,191 @@ def test_evaluator_uses_the_class_columns_it_is_given():
     batch = batch_with_outcomes(net, ["top1", "top1", "top1", "miss"], columns=torch.tensor(columns))
     evaluator.step(net, batch, dataloader_idx=1, batch_idx=0)
     assert evaluator.compute()["imagenet_a/acc1"] == 0.75
+
+
+class Recorded(nn.Module):
+    """Wraps an evaluator network: records every call's input and the dtype its logits were computed in."""
+
+    def __init__(self, net: PixelLinear) -> None:
+        super().__init__()
+        self.net = net
+        self.num_classes = net.num_classes
+        self.inputs: list[torch.Tensor] = []
+        self.dtypes: list[torch.dtype] = []
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.net.mean
+
+    @property
+    def std(self) -> torch.Tensor:
+        return self.net.std
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        self.inputs.append(images.detach().clone())
+        logits = self.net(images)
+        self.dtypes.append(logits.dtype)
+        return logits
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return [x.shape[0] for x in self.inputs]
+
+
+def attacked_sweep(attack_batches: int | None = None):
+    """FGSM (2 radii), PGD (3 steps) and SPSA (2 steps, 128 samples) on clean batches of 4, 4 and 3 images.
+
+    ``attack_batches`` None leaves the evaluator's default.
+    """
+    torch.manual_seed(0)
+    net = Recorded(PixelLinear().eval())
+    attacks = [
+        AttackSpec("fgsm", [0.05, 0.3]),
+        AttackSpec("pgd", [0.3], steps=3),
+        AttackSpec("spsa", [0.3], steps=2),
+    ]
+    limit = {} if attack_batches is None else {"attack_batches": attack_batches}
+    evaluator = RobustnessEvaluator(attacks=attacks, **limit)
+    evaluator.start(EVAL_SETS[:1], net.num_classes, torch.device("cpu"))
+    with torch.no_grad():
+        batches = [
+            batch_with_outcomes(net.net, ["top1", "top1", "miss", "top1"]),
+            batch_with_outcomes(net.net, ["top1", "miss", "top1", "top1"]),
+            batch_with_outcomes(net.net, ["miss", "top1", "top1"]),
+        ]
+    with torch.inference_mode():
+        for index, (images, labels) in enumerate(batches):
+            evaluator.step(net, (images.clone(), labels.clone()), dataloader_idx=0, batch_idx=index)
+    return evaluator, evaluator.compute(), net
+
+
+def attacked_batch_calls(b: int, spsa_chunks: list[int]) -> list[int]:
+    """The model calls for one attacked clean batch of ``b`` images, in order (batch sizes)."""
+    fgsm = [b, b]  # gradient, then the evaluation of the adversarial images
+    pgd = [b] * 3 + [b]  # one gradient per step (the random start needs none), evaluation
+    spsa = [2 * s * b for s in spsa_chunks] * 2 + [b]  # 2 x directions x images per call, 2 steps; evaluation
+    return [b] + fgsm + fgsm + pgd + spsa
+
+
+# SPSA sends at most 512 images per call: chunks of 512 // (2 * 4) = 64 directions for 4 images, 85 for 3.
+CALLS_4 = attacked_batch_calls(4, [64, 64])
+CALLS_3 = attacked_batch_calls(3, [85, 43])
+
+
+def test_evaluator_attacks_every_clean_batch_by_default_with_exact_model_calls(tmp_path: Path, caplog):
+    with caplog.at_level(logging.INFO, logger="kpca.vision_cls.evaluation"):
+        evaluator, results, net = attacked_sweep()
+    assert evaluator.attack_batches is None
+    assert net.batch_sizes == CALLS_4 + CALLS_4 + CALLS_3
+    assert results["attack/n_images"] == 11 and results["clean/n_images"] == 11
+    assert "attack_batches" not in caplog.text
+    attacked = {name: value for name, value in results.items() if name.startswith("attack/") and "acc1" in name}
+    assert len(attacked) == 4
+    assert all(value <= results["clean/acc1"] for value in attacked.values())
+    assert results["clean/acc1"] == pytest.approx(8 / 11)
+    assert results["attack/pgd-pixel/eps76.5/acc1"] < results["clean/acc1"]
+    evaluator.write_report(results, tmp_path)
+    with open(tmp_path / "robustness.csv") as f:
+        n = {row["metric"]: row["n"] for row in csv.DictReader(f)}
+    assert n == {"clean/acc1": "11", "clean/acc5": "11"} | dict.fromkeys(attacked, "11")
+
+
+def test_evaluator_counts_a_limited_attack_subset_and_says_so(tmp_path: Path, caplog):
+    with caplog.at_level(logging.INFO, logger="kpca.vision_cls.evaluation"):
+        evaluator, results, net = attacked_sweep(attack_batches=1)
+    assert net.batch_sizes == CALLS_4 + [4] + [3]  # only the first batch is attacked
+    assert results["attack/n_images"] == 4 and results["clean/n_images"] == 11
+    assert "attack_batches=1" in caplog.text and "4 of 11 clean images" in caplog.text
+    evaluator.write_report(results, tmp_path)
+    table = (tmp_path / "robustness.md").read_text()
+    assert "| clean/acc1 | 0.7273 | 11 |" in table
+    assert f"| attack/fgsm-pixel/eps12.75/acc1 | {results['attack/fgsm-pixel/eps12.75/acc1']:.4f} | 4 |" in table
+
+
+def two_class_batch(net: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """4 images inside (0, 1), the prediction, and labels: the first 2 images predicted right, the last 2 wrong."""
+    torch.manual_seed(0)
+    images = 0.3 + 0.4 * torch.rand(4, 3, 4, 4)  # (B, C, H, W)
+    with torch.no_grad():
+        predicted = net(images).argmax(1)  # (B,)
+    return images, predicted, torch.cat([predicted[:2], 1 - predicted[2:]])
+
+
+def test_predicted_labels_attack_the_prediction_and_score_the_true_labels():
+    torch.manual_seed(0)
+    net = Recorded(PixelLinear(num_classes=2).eval())
+    images, predicted, labels = two_class_batch(net.net)
+    eps = 0.2
+    attacks = [AttackSpec("fgsm", [eps]), AttackSpec("fgsm", [eps], labels="predicted")]
+    evaluator = RobustnessEvaluator(attacks=attacks)
+    evaluator.start(EVAL_SETS[:1], 2, torch.device("cpu"))
+    evaluator.step(net, (images, labels), dataloader_idx=0, batch_idx=0)
+    results = evaluator.compute()
+    # Calls: clean, the prediction, then per attack its gradient and the evaluation of its adversarial images.
+    assert net.batch_sizes == [4] * 6
+    against_truth, against_prediction = net.inputs[3], net.inputs[5]
+    weight = net.net.head.weight.detach()  # (2, C*H*W); std > 0 keeps the sign of the pixel-space gradient
+
+    def optimum(targets: torch.Tensor) -> torch.Tensor:  # the linear model's L∞ optimum against ``targets``
+        return images + eps * (weight[1 - targets] - weight[targets]).sign().view(4, 3, 4, 4)
+
+    torch.testing.assert_close(against_truth, optimum(labels), atol=1e-6, rtol=0)
+    torch.testing.assert_close(against_prediction, optimum(predicted), atol=1e-6, rtol=0)
+    torch.testing.assert_close(against_prediction[2:] - images[2:], images[2:] - against_truth[2:], atol=1e-6, rtol=0)
+
+    def accuracy(adversarial: torch.Tensor) -> float:  # against the true labels
+        with torch.no_grad():
+            return (net.net(adversarial).argmax(1) == labels).float().mean().item()
+
+    assert results["attack/fgsm-pixel/eps51/acc1"] == accuracy(against_truth) == 0.0
+    # The 2 right predictions are pushed wrong; the 2 wrong ones are pushed off their prediction, to the truth.
+    assert results["attack/fgsm-pixel-predicted/eps51/acc1"] == accuracy(against_prediction) == 0.5
+
+
+def test_evaluator_attacks_in_float32_and_classifies_under_the_callers_autocast():
+    net = Recorded(PixelLinear(num_classes=2).eval())
+    images, _, labels = two_class_batch(net.net)
+    attacks = [AttackSpec("fgsm", [0.1]), AttackSpec("pgd", [0.1], steps=2, labels="predicted")]
+    evaluator = RobustnessEvaluator(attacks=attacks)
+    evaluator.start(EVAL_SETS[:1], 2, torch.device("cpu"))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):  # Lightning's bf16-mixed test loop
+        evaluator.step(net, (images, labels), dataloader_idx=0, batch_idx=0)
+    bf16, fp32 = torch.bfloat16, torch.float32
+    # clean | prediction | FGSM gradient, evaluation | 2 PGD gradients, evaluation
+    assert net.dtypes == [bf16, fp32, fp32, bf16, fp32, fp32, bf16]
+    assert all(x.dtype == fp32 for x in net.inputs)
+
+
+def test_evaluator_refuses_the_same_attack_twice():
+    with pytest.raises(ValueError, match=r"\['pgd-pixel'\] appear more than once.*single entry's eps"):
+        RobustnessEvaluator(attacks=[AttackSpec("pgd", [0.01]), AttackSpec("pgd", [0.02])])
+    RobustnessEvaluator(attacks=[AttackSpec("pgd", [0.01]), AttackSpec("pgd", [0.01], labels="predicted")])
+
+
+@pytest.mark.parametrize(
+    ("fragment", "space", "labels", "steps", "spsa_gradient"),
+    [
+        ("published", "reference", "predicted", (20, 10), "cleverhans"),
+        ("pixel", "pixel", "ground_truth", (20, 20), "iterate"),
+    ],
+)
+def test_attack_config_fragments_compose_after_a_model_config(capsys, fragment, space, labels, steps, spsa_gradient):
+    model_config = CONFIGS / "vision_cls" / "deit-tiny_rpc_8xb128-300e_imagenet-224.yaml"
+    attacks_config = CONFIGS / "vision_cls" / "attacks" / f"{fragment}.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, "vision-cls", "test", "-c", CPU, "-c", model_config, "-c", attacks_config, "--print_config")
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 0, printed.err
+    config = yaml.safe_load(printed.out)
+    assert config["model"]["net"]["init_args"]["attention"]["kind"] == "rpc"  # the model config is kept
+    settings = config["model"]["evaluator"]["init_args"]
+    evaluator = RobustnessEvaluator(
+        attacks=[AttackSpec(**a) for a in settings["attacks"]], attack_batches=settings["attack_batches"]
+    )
+    assert evaluator.attack_batches is None
+    assert [a.name for a in evaluator.attacks] == ["fgsm", "pgd", "spsa"]
+    for a in evaluator.attacks:
+        assert (a.space, a.labels) == (space, labels)
+        assert a.eps == pytest.approx(eps_from_255((1, 2, 3, 4, 5, 6)), rel=1e-12)
+    assert (evaluator.attacks[1].steps, evaluator.attacks[2].steps) == steps
+    assert evaluator.attacks[2].spsa_gradient == spsa_gradient

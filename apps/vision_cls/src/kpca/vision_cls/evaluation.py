@@ -1,7 +1,8 @@
 """RobustnessEvaluator: the test stage's metrics over every evaluation set, plus adversarial attacks.
 
 The test dataloaders are the datamodule's ``eval_sets`` in order (clean first); each batch is routed
-to the metric its set needs. Metrics are torchmetrics objects, so DDP ranks are reduced on compute.
+to the metric its set needs. Metrics are torchmetrics objects, so DDP ranks are reduced on compute,
+image counts included (summed over ranks).
 Legend: B batch, K classes (1000 for ImageNet), M subset classes (200).
 """
 
@@ -13,12 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch import nn
-from torchmetrics import CatMetric
+from torchmetrics import CatMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from kpca.training.reports import write_report
-from kpca.vision_cls.attacks import AttackSpec, run_attack
+from kpca.vision_cls.attacks import AttackSpec, predicted_labels, run_attack
 from kpca.vision_cls.data import EvalSet
 from kpca.vision_cls.robustness import (
     anomaly_score,
@@ -47,21 +49,39 @@ def eps_label(eps: float) -> str:
 class RobustnessEvaluator:
     """Test-stage evaluation: clean top-1/top-5, corruptions (mCE), ImageNet-A/R/O and attacks.
 
+    Attacks run on the clean set, by default on all of it (as the authors do: KPCA
+    Attack/engine.py:87-119). Each attack's forward and backward passes run in float32 with
+    autocast off; the adversarial images are then classified like the clean ones, under the
+    trainer's precision (the authors likewise evaluate them under autocast, engine.py:110-112).
+    Accuracy is measured against the true labels, whichever labels an attack raises the loss of.
+    ``compute`` reports how many images were attacked (``attack/n_images``) and how many clean
+    images were seen (``clean/n_images``), both summed over DDP ranks; the reports show them in
+    an ``n`` column.
+
     Args:
-        attacks: attacks run on the first ``attack_batches`` batches of the clean set, each at its radii.
-        attack_batches: how many clean batches per rank are attacked (None: all of them).
+        attacks: attacks run on the clean set, each at its radii.
+        attack_batches: attack only the first ``attack_batches`` clean batches of each rank, a
+            subset (the val folders are sorted by class, so it is a class-biased one); None (the
+            default) attacks every clean batch.
         report_name: file stem of the Markdown / CSV reports written into the run's log dir.
     """
 
     def __init__(
         self,
         attacks: list[AttackSpec] | None = None,
-        attack_batches: int | None = 2,
+        attack_batches: int | None = None,
         report_name: str = "robustness",
     ) -> None:
         if attack_batches is not None and attack_batches < 1:
             raise ValueError(f"attack_batches must be >= 1 or None (all batches), got {attack_batches}")
         self.attacks = list(attacks or [])
+        tags = [a.tag for a in self.attacks]
+        repeated = sorted({tag for tag in tags if tags.count(tag) > 1})
+        if repeated:
+            raise ValueError(
+                f"attacks {repeated} appear more than once (same name, space, labels and SPSA gradient); "
+                "list every radius of one attack in a single entry's eps"
+            )
         self.attack_batches = attack_batches
         self.report_name = report_name
         self.eval_sets: list[EvalSet] = []
@@ -103,8 +123,10 @@ class RobustnessEvaluator:
             self.accuracy[s.name] = MulticlassAccuracy(classes, top_k=1, average="micro").to(device)
         self.top5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro").to(device)
         self.ood_scores = {"in": CatMetric().to(device), "out": CatMetric().to(device)}
+        self.clean_images = SumMetric().to(device)
+        self.attacked_images = SumMetric().to(device)
         self.attack_accuracy = {
-            (a.name, a.space, eps): MulticlassAccuracy(num_classes, top_k=1, average="micro").to(device)
+            (a.tag, eps): MulticlassAccuracy(num_classes, top_k=1, average="micro").to(device)
             for a in self.attacks
             for eps in a.eps
         }
@@ -123,25 +145,37 @@ class RobustnessEvaluator:
             self.accuracy[eval_set.name](logits, labels)
         if eval_set.kind == "clean":
             self.top5(logits, labels)
-            if self.attack_batches is None or batch_idx < self.attack_batches:
+            self.clean_images.update(float(len(labels)))
+            if self.attacks and (self.attack_batches is None or batch_idx < self.attack_batches):
+                self.attacked_images.update(float(len(labels)))
                 self._attack(net, images, labels)
 
     def _attack(self, net: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> None:
         """Attack a clean batch; Lightning's test loop runs in inference mode, so leave it here.
 
         ``reference``-space attacks normalise with the network's own ``mean`` / ``std`` buffers.
+        The predicted labels come from one float32 forward pass per batch, shared by the attacks
+        that use them. The adversarial images are classified under the caller's autocast, like
+        the clean ones, and scored against the true labels.
         """
         stats = {"mean": net.mean.flatten(), "std": net.std.flatten()}
         with torch.inference_mode(False), torch.enable_grad():
             images, labels = images.clone(), labels.clone()
+            predicted = None
+            if any(a.labels == "predicted" for a in self.attacks):
+                predicted = predicted_labels(net, images)  # (B,)
             for attack in self.attacks:
+                targets = predicted if attack.labels == "predicted" else labels
                 for eps in attack.eps:
-                    adversarial = run_attack(attack.name, eps, net, images, labels, **attack.attack_kwargs(), **stats)
+                    adversarial = run_attack(attack.name, eps, net, images, targets, **attack.attack_kwargs(), **stats)
                     with torch.no_grad():
-                        self.attack_accuracy[attack.name, attack.space, eps](net(adversarial), labels)
+                        self.attack_accuracy[attack.tag, eps](net(adversarial), labels)
 
     def compute(self) -> dict[str, float]:
-        """All results as flat ``<evaluation>/<setting>/<metric>`` names (accuracies in [0, 1])."""
+        """All results as flat ``<evaluation>/<setting>/<metric>`` names (accuracies in [0, 1]).
+
+        Image counts are ``clean/n_images`` and, when attacks ran, ``attack/n_images``, summed over ranks.
+        """
         results: dict[str, float] = {}
         errors: dict[str, dict[tuple[str, int], float]] = {"corrupted": {}, "imagenet_c": {}}
         for s in self.eval_sets:
@@ -154,6 +188,7 @@ class RobustnessEvaluator:
             else:
                 results[f"{s.kind}/acc1"] = acc
         results["clean/acc5"] = float(self.top5.compute())
+        results["clean/n_images"] = float(self.clean_images.compute())
         for kind, per_set in errors.items():
             if per_set:
                 summary = corruption_errors(per_set)
@@ -163,13 +198,30 @@ class RobustnessEvaluator:
         if any(s.kind == "imagenet_o" for s in self.eval_sets):
             scores_in, scores_out = (self.ood_scores[k].compute().flatten() for k in ("in", "out"))
             results["imagenet_o/aupr"] = ood_aupr(scores_in, scores_out)
-        for (name, space, eps), metric in self.attack_accuracy.items():
-            results[f"attack/{name}-{space}/{eps_label(eps)}/acc1"] = float(metric.compute())
+        if self.attacks:
+            results["attack/n_images"] = float(self.attacked_images.compute())
+            for (tag, eps), metric in self.attack_accuracy.items():
+                results[f"attack/{tag}/{eps_label(eps)}/acc1"] = float(metric.compute())
+            if self.attack_batches is not None:
+                _log_attacked_subset(self.attack_batches, results["attack/n_images"], results["clean/n_images"])
         return results
 
     def write_report(self, results: dict[str, float], out_dir: str | Path) -> list[Path]:
-        """Write the results (and the per-corruption table, when corruptions ran) as Markdown and CSV."""
-        rows = [{"metric": name, "value": value} for name, value in results.items() if not math.isnan(value)]
+        """Write the results (and the per-corruption table, when corruptions ran) as Markdown and CSV.
+
+        Clean and attack rows carry their image count in an ``n`` column (``clean/n_images`` and
+        ``attack/n_images``, which are not rows of their own).
+        """
+        counts = {kind: results.get(f"{kind}/n_images") for kind in ("clean", "attack")}
+        rows = []
+        for name, value in results.items():
+            if name.endswith("/n_images") or math.isnan(value):
+                continue
+            row: dict[str, object] = {"metric": name, "value": value}
+            count = counts.get(name.partition("/")[0])
+            if count is not None:
+                row["n"] = int(count)
+            rows.append(row)
         paths = list(write_report(rows, out_dir, self.report_name, show=True))
         for kind in ("corrupted", "imagenet_c"):
             per_set = {
@@ -183,3 +235,16 @@ class RobustnessEvaluator:
                 )
         logger.info("robustness report: %s", ", ".join(str(p) for p in paths))
         return paths
+
+
+@rank_zero_only
+def _log_attacked_subset(attack_batches: int, attacked: float, clean: float) -> None:
+    """One INFO line saying that the attack results cover a subset of the clean set."""
+    logger.info(
+        "attack_batches=%d: the attacks ran on the first %d clean batches of each rank only, %d of %d clean "
+        "images (the attack rows' n); set model.evaluator.attack_batches: null to attack them all",
+        attack_batches,
+        attack_batches,
+        int(attacked),
+        int(clean),
+    )
