@@ -143,3 +143,7 @@ def test_two_process_cpu_ddp_fit_counts_every_validation_image_once(tmp_path: Pa
     # 3 validation images on 2 ranks (2 + 1, no padding): the summed areas equal a single-process validation.
     single = run("validate", *options, f"--ckpt_path={last}")
     assert float(single.trainer.callback_metrics["val/mIoU"]) == pytest.approx(float(ddp_miou), abs=1e-6)
+    events = EventAccumulator(str(last.parent.parent))
+    events.Reload()
+    ddp_loss = events.Scalars("val/loss")[-1].value  # a mean over the 3 images, not over the 2 ranks' means
+    assert float(single.trainer.callback_metrics["val/loss"]) == pytest.approx(ddp_loss, rel=1e-5)

@@ -16,7 +16,15 @@ from kpca.training.checkpoint_io import AtomicCheckpointIO
 from kpca.vision_cls.cli import VisionCLI, main
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
-from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, assert_rerun_resumes, run_cli, smoke_options
+from tests.cli_support import (
+    CONFIGS,
+    CPU,
+    NEW_CHECKPOINT_DIR,
+    assert_rerun_resumes,
+    run_cli,
+    run_to_the_end,
+    smoke_options,
+)
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 
@@ -109,6 +117,16 @@ def test_load_from_checkpoint_rebuilds_the_injected_net(short_fit: VisionCLI):
     assert isinstance(loaded.net, ViTClassifier) and loaded.net.attention.kind == "rpc"
     images = torch.rand(2, 3, 32, 32)  # (B, C, H, W)
     torch.testing.assert_close(loaded(images), short_fit.model.eval()(images), rtol=0, atol=0)
+
+
+@EMA_IN_EVAL_MODE
+def test_init_from_a_lightning_checkpoint_of_the_cli(short_fit: VisionCLI):
+    path = Path(short_fit.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    trained = short_fit.model.net.eval()
+    shape = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
+    loaded = ViTClassifier(num_classes=10, attention=trained.attention, init_from=str(path), **shape).eval()
+    images = torch.rand(2, 3, 32, 32)  # (B, C, H, W)
+    torch.testing.assert_close(loaded(images), trained(images), rtol=0, atol=0)
 
 
 @EMA_IN_EVAL_MODE
@@ -205,3 +223,55 @@ def test_two_process_cpu_ddp_fit(tmp_path: Path, digits_cache_dir: Path):
     assert done.returncode == 0, done.stderr[-3000:]
     last = tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 2  # stopped mid-epoch: no validation, no best-*
+
+
+def csv_rows(folder: Path) -> dict[str, list[dict[str, str]]]:
+    """The rows of every ``robustness*.csv`` report in ``folder``, by file name."""
+    rows = {}
+    for path in sorted(folder.glob("robustness*.csv")):
+        with open(path, newline="") as f:
+            rows[path.name] = list(csv.DictReader(f))
+    return rows
+
+
+def assert_same_rows(left: list[dict[str, str]], right: list[dict[str, str]]) -> None:
+    """Equal report rows: the same columns and text, numbers within float32 rounding (any columns, e.g. ``n``)."""
+    assert len(left) == len(right)
+    for a, b in zip(left, right, strict=True):
+        assert a.keys() == b.keys()
+        for column, value in a.items():
+            try:
+                assert float(value) == pytest.approx(float(b[column]), abs=1e-6), (a, b)
+            except ValueError:
+                assert value == b[column], (a, b)
+
+
+@pytest.mark.slow
+@EMA_IN_EVAL_MODE
+@NEW_CHECKPOINT_DIR
+def test_two_process_ddp_validate_and_test_count_every_image_once(
+    short_fit: VisionCLI, digits_cache_dir: Path, tmp_path: Path
+):
+    """9 evaluation images on 2 ranks (5 + 4, no padding): DDP metrics equal one process's, report for report."""
+    last = Path(short_fit.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    options = [
+        "--data.eval_subset=9", f"--ckpt_path={last}", "--model.evaluator.attack_batches=null",
+        '--model.evaluator.attacks=[{"name": "fgsm", "eps": [0.03137255]}]',  # deterministic, unlike PGD's start
+    ]  # fmt: skip
+    ddp_root, single_root = tmp_path / "ddp", tmp_path / "single"
+    for subcommand in ("validate", "test"):
+        command = [sys.executable, "-m", "kpca.vision_cls", subcommand, *smoke(ddp_root, digits_cache_dir, *options)]
+        run_to_the_end([*map(str, command), "--trainer.devices=2", "--trainer.strategy=ddp"], tmp_path)
+    ddp_runs = ddp_root / "runs" / "lightning_logs"
+    events = EventAccumulator(str(ddp_runs / "version_0"))
+    events.Reload()
+    single = run("validate", *smoke(single_root, digits_cache_dir, *options)).trainer.callback_metrics
+    assert 0 < float(single["val/acc1"]) < 1  # neither all right nor all wrong, so a repeated image would show
+    for name in ("val/loss", "val/acc1", "val/acc5", "val/ema_acc1"):
+        assert events.Scalars(name)[-1].value == pytest.approx(float(single[name]), abs=1e-6), name
+    single_test = run("test", *smoke(single_root, digits_cache_dir, *options))
+    reports, expected = csv_rows(ddp_runs / "version_1"), csv_rows(Path(single_test.trainer.log_dir))
+    assert sorted(reports) == ["robustness.csv", "robustness_corrupted.csv"] and reports.keys() == expected.keys()
+    for name, rows in reports.items():
+        assert_same_rows(rows, expected[name])
+    assert any(row["metric"].startswith("attack/fgsm") for row in reports["robustness.csv"])

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 from timm.data.distributed_sampler import RepeatAugSampler as TimmRepeatAugSampler
 from torch.utils.data import DistributedSampler
+from torchvision import transforms
 
 from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
 from kpca.vision_cls.builtin_data import write_digits_imagefolder
@@ -277,3 +278,59 @@ def test_imagenet_c_layout_errors(tmp_path: Path, imagenet: Path):
     (tmp_path / "c" / "fogg").mkdir()
     with pytest.raises(ValueError, match=r"folders \['fogg'\] that are not corruption names"):
         _ = dm.eval_sets
+
+
+def test_imagenet_c_images_are_only_center_cropped_as_in_the_benchmark(tmp_path: Path, imagenet: Path):
+    """Released ImageNet-C files are 224x224: Hendrycks' test.py and the authors' eval_OOD.py only CenterCrop(224)."""
+    folder = tmp_path / "c" / "fog" / "3"
+    make_tree(folder, WNIDS[:2], per_class=1, size=(224, 224))
+    rng = np.random.default_rng(1)
+    (folder / WNIDS[2]).mkdir()
+    Image.fromarray(rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)).save(folder / WNIDS[2] / "0.png")
+    dm = ImageNetDataModule(
+        root=str(imagenet), imagenet_c_root=str(tmp_path / "c"), severities=(3,), **{**FAST, "image_size": 224}
+    )
+    dm.setup("test")
+    dataset = dm.test_sets[dm.eval_sets.index(EvalSet("imagenet_c/fog/3", "imagenet_c", "fog", 3))]
+    assert len(dataset) == 3
+    for (path, label), (image, loaded_label) in zip(dataset.samples, dataset, strict=True):
+        with Image.open(path) as file:
+            assert torch.equal(image, transforms.ToTensor()(file.convert("RGB"))), path
+        assert loaded_label == label
+
+
+def test_imagenet_c_images_larger_than_image_size_are_center_cropped_and_smaller_ones_refused(
+    tmp_path: Path, imagenet: Path
+):
+    make_tree(tmp_path / "c" / "fog" / "1", WNIDS, per_class=1, size=(40, 48))  # (H, W)
+    dm = ImageNetDataModule(root=str(imagenet), imagenet_c_root=str(tmp_path / "c"), severities=(1,), **FAST)
+    dm.setup("test")
+    dataset = dm.test_sets[-1]
+    path, _ = dataset.samples[0]
+    with Image.open(path) as file:
+        expected = transforms.ToTensor()(file.convert("RGB"))[:, 4:36, 8:40]  # the centre 32 x 32
+    assert torch.equal(dataset[0][0], expected)
+    small = ImageNetDataModule(
+        root=str(imagenet), imagenet_c_root=str(tmp_path / "c"), severities=(1,), **{**FAST, "image_size": 44}
+    )
+    small.setup("test")
+    with pytest.raises(ValueError, match=r"fog/1 holds a 48x40 image, smaller than data.image_size=44.* at most 40"):
+        small.test_sets[-1][0]
+
+
+def test_on_the_fly_corruptions_run_after_the_eval_resize_and_crop(imagenet: Path):
+    dm = ImageNetDataModule(
+        root=str(imagenet), **FAST, crop_pct=0.875, corruptions=("gaussian_noise",), severities=(3,)
+    )
+    dm.setup("test")
+    corrupted = dm.test_sets[1]
+    assert dm.eval_sets[1] == EvalSet("corrupted/gaussian_noise/3", "corrupted", "gaussian_noise", 3)
+    cropped = []  # the validation images after Resize(36) and CenterCrop(32), as the clean set sees them
+    for path, label in dm.test_sets[0].samples:
+        with Image.open(path) as file:
+            cropped.append((dm.eval_geometry()(file.convert("RGB")), label))
+    expected = CorruptedDataset(cropped, "gaussian_noise", 3)
+    for index in range(len(cropped)):
+        image, label = corrupted[index]
+        assert image.shape == (3, 32, 32) and label == cropped[index][1]
+        assert torch.equal(image, expected[index][0])

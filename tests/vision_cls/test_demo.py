@@ -1,4 +1,8 @@
-"""The demo's report: curves, the comparison table and the plot, from hand-made results."""
+"""The demo's report: curves, the comparison table and the plot, from hand-made results; (slow) a whole tiny run."""
+
+import sys
+from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -35,3 +39,29 @@ def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "report.png"
     demo.plot({"symmetric": results(0.9, 0.7, 0.4), "rpc": results(0.8, 0.75, 0.3)}, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:The dirpath has changed from")  # the test run logs into a new version folder
+def test_demo_end_to_end_on_a_tiny_budget(tmp_path: Path, digits_cache_dir: Path):
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    with mock.patch.object(sys, "argv", ["demo"]):  # as `python -m kpca.vision_cls.demo` leaves it
+        report = demo.run(
+            [
+                f"--out={tmp_path}", f"--configs={configs}", f"--data.cache_dir={digits_cache_dir}",
+                "--model.net.init_args.embed_dim=32", "--model.net.init_args.depth=1",
+                "--model.net.init_args.num_heads=2", "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
+                "--trainer.log_every_n_steps=1", "--data.eval_subset=16", "--data.corruptions=[gaussian_noise]",
+                '--model.evaluator.attacks=[{"name": "fgsm", "eps": [0.0627451]},'
+                ' {"name": "pgd", "eps": [0.0627451], "steps": 2}]',
+            ]
+        )  # fmt: skip
+    assert report == tmp_path / "report.md"
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [line.split("|")[1:-1] for line in report.read_text().splitlines() if line.startswith("| ")]
+    assert [cell.strip() for cell in rows[0]] == ["metric", "SymViT", "RPC-SymViT", "RPC - Sym"]
+    table = {cells[0].strip(): (float(cells[1]), float(cells[2])) for cells in rows[2:]}  # after the "---" row
+    expected = {"clean/acc1", "corrupted/mean_acc1", "corrupted/gaussian_noise/s5/acc1", "attack/pgd-pixel/eps16/acc1"}
+    assert expected <= table.keys()
+    assert all(0.0 <= value <= 1.0 for pair in table.values() for value in pair), table
+    assert len(list(tmp_path.glob("*/version_*/checkpoints/best-*.ckpt"))) == 2

@@ -1,11 +1,14 @@
 """ViTClassifier shapes, parameter counts, attention per block, normalisation and init_from loading (CPU)."""
 
+import argparse
 import copy
 from pathlib import Path
 
 import pytest
 import timm
 import torch
+from timm.scheduler import CosineLRScheduler
+from timm.utils import ModelEmaV2, NativeScaler, get_state_dict
 
 from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention, swap_attention
 from kpca.training.vision.checkpoints import load_weights
@@ -137,3 +140,69 @@ def test_init_from_missing_file_names_the_path(tmp_path: Path):
     missing = tmp_path / "nope.ckpt"
     with pytest.raises(FileNotFoundError, match="nope.ckpt"):
         tiny(init_from=str(missing))
+
+
+def authors_state_keys(depth: int) -> list[str]:
+    """The state_dict keys of the RPC authors' ViT (rachtsy/KPCA_code Robust/softmax.py VisionTransformer, Block,
+    Attention with ``qkv = Linear(dim, 2 * dim)``, timm's PatchEmbed and Mlp), written out from their code."""
+    block = [
+        f"{module}.{param}"
+        for module in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2")
+        for param in ("weight", "bias")
+    ]
+    return [
+        "cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias",
+        *(f"blocks.{i}.{key}" for i in range(depth) for key in block),
+        "norm.weight", "norm.bias", "head.weight", "head.bias",
+    ]  # fmt: skip
+
+
+def training_file(weights: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, object]:
+    """A checkpoint as DeiT's and the authors' main_train.py save it each epoch (KPCA_code Robust/main_train.py)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = CosineLRScheduler(optimizer, t_initial=300, warmup_t=5, warmup_lr_init=1e-6, lr_min=1e-5)
+    args = argparse.Namespace(model="deit_tiny_patch16_224", batch_size=128, lr=5e-4, num_iter=4, lambd=4.0, layer=0)
+    return {
+        "model": weights,
+        "optimizer": optimizer.state_dict(),
+        "lr_scheduler": scheduler.state_dict(),
+        "epoch": 299,
+        "model_ema": get_state_dict(ModelEmaV2(model)),
+        "scaler": NativeScaler(device="cpu").state_dict(),
+        "args": args,
+    }
+
+
+@pytest.mark.parametrize("kind", ["softmax", "symmetric", "rpc"])
+def test_init_from_a_deit_or_authors_training_file_with_its_args_namespace(kind: str, tmp_path: Path):
+    source = tiny(kind)
+    weights = source.vit.state_dict()
+    if kind != "softmax":  # SymViT and RPC: the authors' layout, K and V rows in a 2C-row qkv
+        assert list(weights) == authors_state_keys(depth=2)
+        assert weights["blocks.0.attn.qkv.weight"].shape == (2 * 32, 32)
+    path = save(training_file(weights, source.vit), tmp_path / "checkpoint.pth")
+    loaded = tiny(kind, init_from=str(path))
+    images = torch.rand(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(images), source(images), rtol=0, atol=0)
+    assert not torch.allclose(tiny(kind)(images), source(images))
+
+
+def test_init_from_deit_released_file(tmp_path: Path):
+    source = tiny("softmax")
+    path = save({"model": source.vit.state_dict()}, tmp_path / "deit_tiny_patch16_224-a1311bcf.pth")
+    images = torch.rand(2, 3, 32, 32)
+    torch.testing.assert_close(tiny("softmax", init_from=str(path))(images), source(images), rtol=0, atol=0)
+
+
+class NotAWeight:
+    """A pickled class that init_from must not unpickle."""
+
+
+def test_init_from_refuses_other_pickled_classes_naming_file_and_class(tmp_path: Path):
+    weights = tiny("symmetric").vit.state_dict()
+    path = save({"model": weights, "args": argparse.Namespace(lr=1.0), "extra": NotAWeight()}, tmp_path / "odd.pth")
+    with pytest.raises(
+        ValueError, match=r"odd\.pth' holds pickled classes \['tests\.vision_cls\.test_model\.NotAWeight'"
+    ):
+        tiny("symmetric", init_from=str(path))
+    assert argparse.Namespace not in torch.serialization.get_safe_globals()  # allowed per call, not registered

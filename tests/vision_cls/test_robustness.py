@@ -1,11 +1,15 @@
 """Robustness metrics on hand-made numbers (CPU, no downloads): mCE, 200-class subsets, OOD AUPR, report files."""
 
+import csv
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from sklearn.metrics import average_precision_score
 
+from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.evaluation import RobustnessEvaluator
 from kpca.vision_cls.robustness import (
     ALEXNET_ERRORS,
     ALEXNET_ERRORS_BY_SEVERITY,
@@ -22,6 +26,7 @@ from kpca.vision_cls.robustness import (
     subset_synsets,
     to_subset_labels,
 )
+from tests.vision_cls.test_data import FAST, WNIDS, make_tree
 
 
 def scaled_alexnet(factor: float) -> dict[tuple[str, int], float]:
@@ -69,16 +74,28 @@ def test_partial_or_extra_corruptions_make_mce_not_comparable():
     assert list(summary["corruptions"]) == ["gaussian_noise", "speckle_noise"]
     noise = summary["corruptions"]["gaussian_noise"]
     assert noise["ce"] is None and noise["error"] == pytest.approx(0.3) and noise["severities"] == (1, 3)
-    assert summary["corruptions"]["speckle_noise"]["group"] is None
-    assert summary["mean_accuracy"] == pytest.approx(1 - (0.3 + 0.5) / 2)
+    assert summary["corruptions"]["speckle_noise"]["group"] == "extra"
+    assert summary["mean_accuracy"] == pytest.approx(1 - 0.3)  # the extra speckle_noise is not averaged in
 
 
-def test_extra_corruptions_keep_mce_over_the_standard_fifteen():
-    errors = scaled_alexnet(0.5) | {("speckle_noise", s): 0.9 for s in range(1, 6)}
+def test_extra_corruptions_keep_mce_and_the_mean_over_the_standard_fifteen():
+    extras = ("gaussian_blur", "saturate", "spatter", "speckle_noise")
+    errors = scaled_alexnet(0.5) | {(c, s): 0.9 for c in extras for s in range(1, 6)}
     summary = corruption_errors(errors)
     assert summary["mCE"] == pytest.approx(0.5)
-    assert summary["corruptions"]["speckle_noise"]["ce"] is None
-    assert list(summary["corruptions"])[-1] == "speckle_noise"
+    assert summary["mean_error"] == pytest.approx(0.5 * sum(ALEXNET_ERRORS.values()) / 15)
+    assert list(summary["corruptions"])[-4:] == list(extras)
+    assert all(
+        summary["corruptions"][c]["ce"] is None and summary["corruptions"][c]["group"] == "extra" for c in extras
+    )
+
+
+def test_only_extra_corruptions_give_no_mean():
+    summary = corruption_errors({("speckle_noise", 1): 0.4})
+    assert math.isnan(summary["mean_error"]) and math.isnan(summary["mean_accuracy"])
+    rows = corruption_rows(summary)
+    assert rows[0] == {"corruption": "speckle_noise", "group": "extra", "error": 0.4, "accuracy": 0.6, "ce": None}
+    assert rows[-1] == {"corruption": "mean", "group": None, "error": None, "accuracy": None, "ce": None}
 
 
 @pytest.mark.parametrize(
@@ -191,3 +208,40 @@ def test_ood_aupr_rejects_bad_scores():
         ood_aupr(torch.tensor([0.1]), torch.tensor([]))
     with pytest.raises(ValueError, match="scores_in contains NaN"):
         ood_aupr(torch.tensor([math.nan]), torch.tensor([0.1]))
+
+
+class ConstantClassifier(torch.nn.Module):
+    """Predicts class 0 for every image, so a set's accuracy is its share of class-0 images."""
+
+    num_classes = 3
+    mean = torch.zeros(1, 3, 1, 1)
+    std = torch.ones(1, 3, 1, 1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([1.0, 0.0, 0.0]).expand(images.shape[0], 3)  # (B, K)
+
+
+def test_imagenet_c_folder_with_extras_averages_the_benchmark_corruptions_only(tmp_path: Path):
+    root = tmp_path / "imagenet"
+    for split in ("train", "val"):
+        make_tree(root / split, WNIDS, per_class=1)
+    make_tree(tmp_path / "c" / "fog" / "1", WNIDS, per_class=1)  # class 0 is 1 image of 3
+    make_tree(tmp_path / "c" / "speckle_noise" / "1", WNIDS, per_class=1)
+    make_tree(tmp_path / "c" / "speckle_noise" / "1", WNIDS[:1], per_class=3)  # class 0 is 3 images of 5
+    dm = ImageNetDataModule(root=str(root), imagenet_c_root=str(tmp_path / "c"), severities=(1,), **FAST)
+    dm.setup("test")
+    evaluator = RobustnessEvaluator()
+    evaluator.start(dm.eval_sets, 3, torch.device("cpu"))
+    for index, loader in enumerate(dm.test_dataloader()):
+        for batch_idx, batch in enumerate(loader):
+            evaluator.step(ConstantClassifier(), batch, index, batch_idx)
+    results = evaluator.compute()
+    assert results["imagenet_c/fog/s1/acc1"] == pytest.approx(1 / 3)
+    assert results["imagenet_c/speckle_noise/s1/acc1"] == pytest.approx(3 / 5)  # the extra keeps its own row
+    assert results["imagenet_c/mean_acc1"] == pytest.approx(1 / 3)  # not (1/3 + 3/5) / 2
+    evaluator.write_report(results, tmp_path / "report")
+    with open(tmp_path / "report" / "robustness_imagenet_c.csv", newline="") as f:
+        rows = {row["corruption"]: row for row in csv.DictReader(f)}
+    assert list(rows) == ["fog", "speckle_noise", "mean"]
+    assert (rows["fog"]["group"], rows["speckle_noise"]["group"]) == ("weather", "extra")
+    assert float(rows["mean"]["accuracy"]) == pytest.approx(1 / 3)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
+from torchmetrics import MeanMetric
 
 from kpca.segmentation.evaluation import corruption_results, write_reports
 from kpca.segmentation.inference import predict_label_map
@@ -66,6 +67,7 @@ class SegmentationModule(NetModule):
             raise ValueError(f"need 0 < stride <= window, got stride={stride}, window={window}")
         super().__init__(net, optimizer)
         self.val_metrics = SegmentationMetrics(net.num_classes, IGNORE_INDEX)
+        self.val_loss = MeanMetric()  # a mean over images: DDP ranks with unequal shards average correctly
         self.test_metrics = nn.ModuleList()
 
     @property
@@ -91,7 +93,8 @@ class SegmentationModule(NetModule):
         for image, label in zip(batch["images"], batch["labels"], strict=True):
             logits, pred = self.predict_image(image, label.shape)
             self.val_metrics.update(pred, label)
-            self.log("val/loss", segmentation_loss(logits[None], label[None]), sync_dist=True, batch_size=1)
+            self.val_loss.update(segmentation_loss(logits[None], label[None]))
+        self.log("val/loss", self.val_loss, batch_size=len(batch["images"]))
 
     def on_validation_epoch_end(self) -> None:
         results = self.val_metrics.compute()

@@ -1,7 +1,9 @@
 """ImageNet-style data for image classification: DeiT training transforms, robustness test sets, built-in digits.
 
 Every dataloader yields ``(images, labels)`` with ``images`` float32 in pixel space [0, 1], shape (B, 3, H, W), and
-``labels`` int64, shape (B,). Nothing is normalised here: the model normalises inside (with :attr:`mean` and
+``labels`` int64, shape (B,). Under DDP the evaluation loaders (validation, test, predict) use
+:class:`kpca.training.data.UnpaddedDistributedSampler`, so every image counts exactly once on any number of ranks.
+Nothing is normalised here: the model normalises inside (with :attr:`mean` and
 :attr:`std`), so adversarial attacks and corruptions work in pixel units. The one exception is random erasing, whose
 fill is drawn in normalised space as in DeiT and is therefore allowed to leave [0, 1] (see
 :class:`kpca.vision_cls.augment.PixelSpaceRandomErasing`). DeiT's sampler and erasing live in
@@ -10,7 +12,9 @@ fill is drawn in normalised space as in DeiT and is therefore allowed to leave [
 Folder layouts (all ImageFolder-style, one sub-folder per class):
 
 * ImageNet: ``root/train/<wnid>/*.JPEG`` and ``root/val/<wnid>/*``.
-* ImageNet-C: ``imagenet_c_root/<corruption>/<severity>/<wnid>/*``.
+* ImageNet-C: ``imagenet_c_root/<corruption>/<severity>/<wnid>/*``. The released files are already 224×224 center
+  crops, so they only get ``CenterCrop(image_size)`` (a no-op at 224), as in Hendrycks & Dietterich's
+  ``ImageNet-C/test.py`` and the RPC authors' ``eval_OOD.py``; they are not resized again.
 * ImageNet-A, ImageNet-R, ImageNet-O: ``<root>/<wnid>/*`` (200 classes each).
 * Built-in digits: scikit-learn's handwritten digits, written once by
   :func:`kpca.vision_cls.builtin_data.write_digits_imagefolder` as
@@ -29,15 +33,22 @@ from typing import Literal
 import torch
 from imagecorruptions import get_corruption_names
 from lightning.pytorch import LightningDataModule
+from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.data.transforms import str_to_interp_mode
 from timm.data.transforms_factory import transforms_imagenet_train
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
-from kpca.training.data import default_cache_dir, evenly_spaced, per_device_batch_size, require_built
+from kpca.training.data import (
+    UnpaddedDistributedSampler,
+    default_cache_dir,
+    evenly_spaced,
+    per_device_batch_size,
+    require_built,
+)
 from kpca.training.vision.corruptions import check_corruptions
 from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
@@ -84,6 +95,31 @@ class _ClassListImageFolder(ImageFolder):
         return self._class_list, {name: i for i, name in enumerate(self._class_list)}
 
 
+class _CenterCropNoPad(transforms.CenterCrop):
+    """``CenterCrop(size)`` that refuses images smaller than ``size`` instead of padding them with black.
+
+    Args:
+        size: Side of the square crop, in pixels.
+        folder: The folder whose images are cropped, named in the error.
+    """
+
+    def __init__(self, size: int, folder: Path) -> None:
+        super().__init__(size)
+        self.side = size
+        self.folder = folder
+
+    def forward(self, image: Image.Image) -> Image.Image:
+        """The centre ``side`` × ``side`` crop of a PIL image at least that large."""
+        width, height = image.size
+        if min(width, height) < self.side:
+            raise ValueError(
+                f"{self.folder} holds a {width}x{height} image, smaller than data.image_size={self.side}: ImageNet-C "
+                f"images are center-cropped, never resized, so set data.image_size to at most {min(width, height)} "
+                "(224 for the released ImageNet-C files)."
+            )
+        return super().forward(image)
+
+
 def _ood_label(_: int) -> int:
     """Label of an out-of-distribution image (ImageNet-O)."""
     return -1
@@ -122,7 +158,9 @@ class ImageNetDataModule(LightningDataModule):
             (setup raises ValueError if it does not divide).
         num_workers: Dataloader worker processes per device.
         image_size: Side of the square images the model sees, in pixels.
-        crop_pct: Evaluation resizes the short side to ``image_size / crop_pct`` and center-crops ``image_size``.
+        crop_pct: Evaluation resizes the short side to ``image_size / crop_pct`` and center-crops ``image_size``
+            (validation, on-the-fly corruptions, ImageNet-A/R/O). ImageNet-C images, already 224×224 crops, are only
+            center-cropped to ``image_size``.
         auto_augment: timm auto-augment policy for training (DeiT: ``"rand-m9-mstd0.5-inc1"``); None disables.
         scale: Area range of timm's random resized crop for training (DeiT: 0.08-1).
         hflip: Probability of a horizontal flip for training (DeiT: 0.5; 0 for digits, which flips change).
@@ -134,7 +172,9 @@ class ImageNetDataModule(LightningDataModule):
         repeated_aug: Copies of each training sample per epoch spread over the ranks (DeiT: 3); 1 disables.
         pin_memory: Pin loaded batches in page-locked memory (only used when an accelerator is present).
         imagenet_c_root: ImageNet-C root, ``<corruption>/<severity>/<wnid>/*``; every corruption folder found is
-            evaluated at each of ``severities``.
+            evaluated at each of ``severities`` (the mean corruption accuracy and mCE use the 15 benchmark
+            corruptions only; the 4 extra ones get their own rows). Images are center-cropped to ``image_size``
+            without resizing, the benchmark's protocol; an image smaller than ``image_size`` is an error.
         imagenet_a_root: ImageNet-A root (200 wnid folders); labels are positions in sorted wnid order.
         imagenet_r_root: ImageNet-R root (200 wnid folders); labels are positions in sorted wnid order.
         imagenet_o_root: ImageNet-O root (wnid folders of out-of-distribution images, label -1); also adds the
@@ -373,18 +413,35 @@ class ImageNetDataModule(LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         """The clean validation set."""
-        return self._loader(require_built(self.val_set, "validate"))
+        return self._eval_loader(require_built(self.val_set, "validate"))
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per entry of :attr:`eval_sets`, in that order."""
-        return [self._loader(dataset) for dataset in require_built(self.test_sets, "test")]
+        return [self._eval_loader(dataset) for dataset in require_built(self.test_sets, "test")]
 
     def predict_dataloader(self) -> DataLoader:
         """The clean validation set."""
-        return self._loader(require_built(self.val_set, "predict"))
+        return self._eval_loader(require_built(self.val_set, "predict"))
+
+    def _eval_loader(self, dataset: Dataset) -> DataLoader:
+        """An evaluation loader, in order; under DDP each rank reads its share without padding.
+
+        Lightning would otherwise give each loader a padded ``DistributedSampler`` that repeats items so every rank
+        has the same length, counting those items twice. Being a ``DistributedSampler``, the unpadded sampler is
+        used by Lightning as is.
+        """
+        trainer = self.trainer
+        sampler = None
+        if trainer is not None and trainer.world_size > 1:
+            sampler = UnpaddedDistributedSampler(dataset, trainer.world_size, trainer.global_rank)
+        return self._loader(dataset, sampler=sampler)
 
     def _loader(
-        self, dataset: Dataset, shuffle: bool = False, drop_last: bool = False, sampler: RepeatAugSampler | None = None
+        self,
+        dataset: Dataset,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        sampler: DistributedSampler | None = None,
     ) -> DataLoader:
         return DataLoader(
             dataset,
@@ -398,6 +455,14 @@ class ImageNetDataModule(LightningDataModule):
 
     def _eval_transform(self) -> Callable:
         return transforms.Compose([self.eval_geometry(), transforms.ToTensor()])
+
+    def _imagenet_c_transform(self, folder: Path) -> Callable:
+        """ImageNet-C's evaluation transform for the images of ``folder``: ``CenterCrop(image_size)``, ``ToTensor``.
+
+        The released ImageNet-C files are 224×224 crops of resized validation images; Hendrycks & Dietterich
+        (``ImageNet-C/test.py``) and the RPC authors (``eval_OOD.py``) only center-crop them to 224, a no-op.
+        """
+        return transforms.Compose([_CenterCropNoPad(self.image_size, folder), transforms.ToTensor()])
 
     def _val_folder(self, transform: Callable) -> ImageFolder:
         return _ClassListImageFolder(self.data_root / "val", self.classes, transform=transform)
@@ -455,7 +520,7 @@ class ImageNetDataModule(LightningDataModule):
         if eval_set.kind == "imagenet_c":
             assert self.imagenet_c_root is not None, "set by eval_sets"
             folder = self.imagenet_c_root / str(eval_set.corruption) / str(eval_set.severity)
-            return _ClassListImageFolder(folder, self.classes, transform=self._eval_transform())
+            return _ClassListImageFolder(folder, self.classes, transform=self._imagenet_c_transform(folder))
         if eval_set.kind == "imagenet_o_in":
             return _ClassListImageFolder(self.data_root / "val", self._ood_classes(), transform=self._eval_transform())
         target_transform = _ood_label if eval_set.kind == "imagenet_o" else None

@@ -11,6 +11,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from timm.data import Mixup
 from timm.utils import ModelEmaV3
 from torch import nn
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from kpca.training.module import NetModule
@@ -76,6 +77,7 @@ class ClassificationModule(NetModule):
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
         self.val_ema_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_loss = MeanMetric()  # weighted by images: DDP ranks with unequal shards average correctly
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) pixel images in [0, 1] -> (B, K) logits."""
@@ -100,7 +102,8 @@ class ClassificationModule(NetModule):
         logits = self.net(images)
         self.val_acc1(logits, labels)
         self.val_acc5(logits, labels)
-        self.log("val/loss", F.cross_entropy(logits, labels), sync_dist=True)
+        self.val_loss.update(F.cross_entropy(logits, labels), weight=len(labels))
+        self.log("val/loss", self.val_loss)
         self.log("val/acc1", self.val_acc1, prog_bar=True)
         self.log("val/acc5", self.val_acc5)
         if self.ema is not None:

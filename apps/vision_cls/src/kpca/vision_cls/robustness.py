@@ -110,6 +110,8 @@ n12267677 n13052670
 IMAGENET_O_SYNSETS: tuple[str, ...] = tuple(_IMAGENET_O_WNIDS.split())
 
 _GROUP_OF = {c: group for group, members in IMAGENET_C_GROUPS.items() for c in members}
+EXTRA_GROUP = "extra"
+"""The ``group`` of a corruption outside the 15 benchmark ones (speckle_noise, gaussian_blur, spatter, saturate)."""
 
 
 def corruption_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, object]:
@@ -121,8 +123,10 @@ def corruption_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, obje
     that is not one of the 15 (e.g. the extra ``speckle_noise``) or misses a severity gets
     ``ce=None``, and when any of the 15 is missing or incomplete ``mCE`` is NaN with
     ``mce_comparable=False`` and a ``note`` saying why, because such a number is not comparable with
-    published mCEs. The mean corruption error/accuracy are always given: the per-corruption mean
-    errors averaged with equal weight over every corruption passed in.
+    published mCEs. The mean corruption error/accuracy average the per-corruption mean errors with
+    equal weight over the standard corruptions passed in, never the extras (as the benchmark's and
+    the RPC authors' means over 15); they are NaN when only extras were evaluated. Extras keep their
+    own entries, with group ``"extra"``.
 
     Args:
         errors: top-1 error in [0, 1] for each evaluated ``(corruption, severity)``, severity in 1..5.
@@ -130,7 +134,8 @@ def corruption_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, obje
     Returns:
         ``{"corruptions": {c: {"group", "severities", "error", "ce"}}, "mean_error", "mean_accuracy",
         "mCE", "mce_comparable", "note"}``; ``corruptions`` follows the standard order, then extras
-        sorted by name; ``group`` is ``noise``/``blur``/``weather``/``digital`` or ``None``.
+        sorted by name; ``group`` is ``noise``/``blur``/``weather``/``digital``, or ``extra`` for a
+        corruption outside the 15.
     """
     by_corruption = _group_errors(errors)
     corruptions: dict[str, dict[str, object]] = {}
@@ -142,7 +147,7 @@ def corruption_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, obje
         error = sum(per_severity.values()) / len(per_severity)
         complete = name in ALEXNET_ERRORS and set(per_severity) == set(IMAGENET_C_SEVERITIES)
         corruptions[name] = {
-            "group": _GROUP_OF.get(name),
+            "group": _GROUP_OF.get(name, EXTRA_GROUP),
             "severities": tuple(sorted(per_severity)),
             "error": error,
             "ce": error / ALEXNET_ERRORS[name] if complete else None,
@@ -157,7 +162,8 @@ def corruption_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, obje
         )
         logger.info(note)
     mce = sum(corruptions[c]["ce"] for c in IMAGENET_C_CORRUPTIONS) / 15 if comparable else math.nan
-    mean_error = sum(entry["error"] for entry in corruptions.values()) / len(corruptions)
+    standard = [corruptions[c]["error"] for c in IMAGENET_C_CORRUPTIONS if c in corruptions]
+    mean_error = sum(standard) / len(standard) if standard else math.nan
     return {
         "corruptions": corruptions,
         "mean_error": mean_error,
@@ -175,8 +181,10 @@ def corruption_rows(summary: Mapping[str, object]) -> list[dict[str, object]]:
         summary: the dict returned by ``corruption_errors``.
 
     Returns:
-        Rows with keys ``corruption``, ``group``, ``error``, ``accuracy``, ``ce`` (``None`` where
-        undefined); the last row holds the mean error, mean accuracy and mCE (``None`` if not comparable).
+        Rows with keys ``corruption``, ``group`` (``extra`` for a corruption outside the 15),
+        ``error``, ``accuracy``, ``ce`` (``None`` where undefined); the last row, ``mean``, holds
+        the mean error and accuracy over the standard corruptions evaluated, extras left out (``None``
+        if only extras were), and the mCE (``None`` if not comparable).
     """
     rows: list[dict[str, object]] = []
     for name, entry in summary["corruptions"].items():
@@ -189,12 +197,13 @@ def corruption_rows(summary: Mapping[str, object]) -> list[dict[str, object]]:
                 "ce": entry["ce"],
             }
         )
+    standard_evaluated = not math.isnan(summary["mean_error"])
     rows.append(
         {
             "corruption": "mean",
             "group": None,
-            "error": summary["mean_error"],
-            "accuracy": summary["mean_accuracy"],
+            "error": summary["mean_error"] if standard_evaluated else None,
+            "accuracy": summary["mean_accuracy"] if standard_evaluated else None,
             "ce": summary["mCE"] if summary["mce_comparable"] else None,
         }
     )
