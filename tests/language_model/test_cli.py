@@ -12,6 +12,8 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from kpca.language_model.cli import LanguageModelCLI, main
+from kpca.language_model.corpus import SPLITS, split_file
+from kpca.language_model.word_tokenizer import count_vocabulary
 from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, assert_rerun_resumes, run_cli, smoke_options
 
 SMOKE = CONFIGS / "language_model" / "smoke.yaml"
@@ -40,6 +42,20 @@ def test_experiment_config_parses_with_the_cpu_trainer(experiment: Path, capsys:
         assert (net["depth"], net["width"], net["num_heads"], net["ffn_dim"]) == (16, 128, 8, 2048)
         assert net["norm_position"] == "post" and config["trainer"]["gradient_clip_val"] == 0.25
         assert config["model"]["optimizer"]["init_args"]["lr"] == 2.5e-4 and config["model"]["warmup_steps"] == 2000
+        assert net["dropout"] == 0.1 and net["attention_dropout"] == 0.0  # the authors' --dropatt 0.0
+    if experiment.stem.endswith("_published"):  # the authors' data, head and evaluation (KPCA-S script.sh, ELL)
+        data = config["data"]
+        assert (data["text_files"], data["hf_name"], data["tokenizer"]["kind"]) == ("tokens", "wikitext-103-v1", "word")
+        assert data["tokenizer"]["vocab_size"] == 267735 and data["tokenizer"]["min_freq"] == 0
+        assert (data["context"], data["eval_stride"], data["score_first_token"]) == (256, 1, False)
+        assert data["word_swap"] == {"rate": 0.015, "replacement": "AAA", "seed": 0, "protocol": "textattack"}
+        assert (net["output"], net["adaptive_cutoffs"], net["adaptive_div_value"]) == (
+            "adaptive",
+            [20000, 40000, 200000],
+            1.0,
+        )
+        assert (net["activation"], net["attention_bias"], net["tie_embeddings"]) == ("relu", False, False)
+        assert config["model"]["min_lr_ratio"] == 0.0 and data["batch_size"] == 96
 
 
 def test_fit_fast_dev_run(tmp_path: Path, lm_cache_dir: Path):
@@ -104,8 +120,9 @@ def test_a_killed_fit_resumes_when_the_same_command_is_rerun(tmp_path: Path, lm_
     assert_rerun_resumes("language_model", lambda root: smoke(root, lm_cache_dir, *epochs), tmp_path, total_steps=24)
 
 
+@NEW_CHECKPOINT_DIR
 @pytest.mark.slow
-def test_two_process_ddp_fit_and_test_score_every_token_once(tmp_path: Path, lm_cache_dir: Path):
+def test_two_process_ddp_fit_and_test_score_every_token_once_and_match_one_process(tmp_path: Path, lm_cache_dir: Path):
     options = [str(o) for o in smoke(tmp_path, lm_cache_dir)]
     ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -118,6 +135,63 @@ def test_two_process_ddp_fit_and_test_score_every_token_once(tmp_path: Path, lm_
             text=True, timeout=600,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
-    with (tmp_path / "runs/lightning_logs/version_1/perplexity.csv").open() as stream:
-        rows = list(csv.DictReader(stream))
-    assert len(rows) == 4 and all(row["complete"] == "True" for row in rows)
+    ddp_rows = read_rows(tmp_path / "runs/lightning_logs/version_1")
+    assert len(ddp_rows) == 4 and all(row["complete"] == "True" for row in ddp_rows.values())
+    last = tmp_path / "runs/lightning_logs/version_0/checkpoints/last.ckpt"
+    single = run("test", *options, "--ckpt_path", last)  # one process, the same checkpoint
+    single_rows = read_rows(Path(single.trainer.log_dir))
+    for name, row in ddp_rows.items():  # the NLL sums reduced over the 2 ranks equal one process's
+        assert single_rows[name]["tokens"] == row["tokens"]
+        assert float(single_rows[name]["ppl_word"]) == pytest.approx(float(row["ppl_word"]), rel=1e-6)
+        assert float(single_rows[name]["ppl_token"]) == pytest.approx(float(row["ppl_token"]), rel=1e-6)
+    ddp_val = scalar_values(tmp_path / "runs/lightning_logs/version_0", "val/ppl")  # the DDP fit's validation
+    validate = run("validate", *options, "--ckpt_path", last)
+    assert len(ddp_val) == 1 and validate.trainer.callback_metrics["val/ppl"].item() == pytest.approx(
+        ddp_val[0], rel=1e-6
+    )
+
+
+def read_rows(log_dir: Path) -> dict[str, dict[str, str]]:
+    with (log_dir / "perplexity.csv").open() as stream:
+        return {row["set"]: row for row in csv.DictReader(stream)}
+
+
+def scalar_values(folder: Path, tag: str) -> list[float]:
+    values = []
+    for events in folder.rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        if tag in accumulator.Tags()["scalars"]:
+            values += [event.value for event in accumulator.Scalars(tag)]
+    return values
+
+
+@NEW_CHECKPOINT_DIR
+@pytest.mark.slow
+def test_the_published_protocol_runs_end_to_end_on_a_tokens_corpus(tmp_path: Path, corpus_folder: Path):
+    """Word tokens, adaptive softmax, stride 1 with the first token as context, the TextAttack swap: fit, then test."""
+    folder = tmp_path / "wikitext-tokens"
+    folder.mkdir()
+    for split in SPLITS:  # the built-in corpus (whitespace words) under the wiki.*.tokens names
+        split_file(folder, split, "tokens").write_text(split_file(corpus_folder, split).read_text())
+    vocab_size = len(count_vocabulary(split_file(folder, "train", "tokens")))
+    published = [
+        f"--data.data_dir={folder}", "--data.text_files=tokens", "--data.tokenizer.kind=word",
+        f"--data.tokenizer.vocab_size={vocab_size}", "--data.eval_stride=1", "--data.score_first_token=false",
+        "--data.eval_batch_size=256", "--data.word_swap.protocol=textattack", "--data.test_splits=[test]",
+        "--model.net.init_args.output=adaptive", "--model.net.init_args.adaptive_cutoffs=[500,2000]",
+        "--model.net.init_args.tie_embeddings=false", "--model.net.init_args.activation=relu",
+        "--model.net.init_args.attention_bias=false", "--trainer.limit_train_batches=3",
+        "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
+    ]  # fmt: skip
+    options = smoke(tmp_path, tmp_path / "cache", *published)
+    fit = run("fit", *options)
+    assert fit.model.net.head.cutoffs == [500, 2000, vocab_size] and fit.datamodule.tokenizer.vocab_size == vocab_size
+    test = run("test", *options, "--ckpt_path", fit.trainer.checkpoint_callback.last_model_path)
+    rows = read_rows(Path(test.trainer.log_dir))
+    arrays = test.datamodule.arrays
+    assert set(rows) == {"test", "test_wordswap"}
+    for name, row in rows.items():  # T - 1 tokens, each a word: word- and token-level perplexity are one number
+        assert row["complete"] == "True" and int(row["tokens"]) == arrays[name].length - 1 == arrays[name].words - 1
+        assert float(row["ppl_word"]) == pytest.approx(float(row["ppl_token"]), rel=1e-12)
+    assert float(rows["test_wordswap"]["ppl_word"]) != float(rows["test"]["ppl_word"])

@@ -49,7 +49,8 @@ def test_sliding_windows_score_every_token_exactly_once_with_enough_context(leng
     ids = [int(x) for x in np.random.default_rng(0).integers(2, 60000, length)]
     windows = SlidingWindows(array_of(tmp_path, ids), context, stride, eos_id=EOS_ID)
     scored_targets, stream = [], [EOS_ID, *ids]
-    for index, (begin, _, _) in enumerate(windows.windows):
+    for index in range(len(windows)):
+        begin, _, _ = windows.window(index)
         inputs, targets, scored = windows[index]
         n = min(context, length - begin)
         assert (

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch import nn
 
 from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention
 from kpca.language_model.model import CausalTransformerLM, sinusoidal_positions
@@ -132,3 +133,83 @@ def test_too_long_inputs_and_bad_generation_settings_are_refused():
         model.generate(torch.zeros(1, 2, dtype=torch.long), 1, top_k=0)
     with pytest.raises(ValueError, match="prompt"):
         model.generate(torch.zeros(1, 0, dtype=torch.long), 1)
+
+
+def test_attention_dropout_is_its_own_knob_and_off_by_default_as_the_authors():
+    model = tiny(dropout=0.1)
+    assert all(b.attn.attn_drop.p == 0.0 and b.attn.proj_drop.p == 0.1 for b in model.blocks)
+    assert all(b.ffn.drop.p == 0.1 for b in model.blocks)
+    tokens = torch.randint(0, 50, (2, 12))
+    only_attention = tiny(AttentionSpec(kind="softmax"), dropout=0.0, attention_dropout=0.5).train()
+    assert all(b.attn.attn_drop.p == 0.5 for b in only_attention.blocks)
+    assert not torch.allclose(only_attention(tokens), only_attention(tokens))  # attention dropout alone acts
+    no_dropout = tiny(AttentionSpec(kind="softmax"), dropout=0.0).train()
+    torch.testing.assert_close(no_dropout(tokens), no_dropout(tokens), rtol=0, atol=0)
+
+
+def test_relu_and_bias_free_attention_as_the_authors():
+    model = tiny(activation="relu", attention_bias=False).double()
+    assert all(b.attn.qkv.bias is None and b.attn.proj.bias is None for b in model.blocks)
+    ffn = model.blocks[0].ffn.eval()
+    x = torch.randn(2, 3, 32, dtype=torch.float64)
+    torch.testing.assert_close(ffn(x), ffn.fc2(torch.relu(ffn.fc1(x))))
+    with pytest.raises(ValueError, match="activation"):
+        tiny(activation="swish")
+
+
+def test_log_probabilities_of_the_softmax_head_normalise_and_give_its_nll():
+    model = tiny().double().eval()
+    tokens, targets = torch.randint(0, 50, (2, 10)), torch.randint(0, 50, (2, 10))
+    log_probs = model(tokens)  # (B, N, V)
+    torch.testing.assert_close(log_probs.logsumexp(-1), torch.zeros(2, 10, dtype=torch.float64))
+    expected = -log_probs.gather(-1, targets[..., None]).squeeze(-1)  # (B, N)
+    torch.testing.assert_close(model.token_nll(tokens, targets), expected.flatten())
+
+
+def adaptive(**kwargs) -> CausalTransformerLM:
+    return tiny(output="adaptive", adaptive_cutoffs=(10, 30), tie_embeddings=False, **kwargs).double().eval()
+
+
+def test_adaptive_softmax_log_probabilities_normalise_and_its_loss_is_their_nll():
+    model = adaptive()
+    assert isinstance(model.head, nn.AdaptiveLogSoftmaxWithLoss) and model.head.div_value == 1.0
+    assert model.head.cutoffs == [10, 30, 50] and model.head.head_bias
+    tokens = torch.randint(0, 50, (3, 12))
+    targets = torch.cat([torch.arange(0, 50, 2), torch.arange(1, 50, 5), torch.tensor([49])]).reshape(3, 12)
+    log_probs = model(tokens)  # (B, N, V): every cluster is visited by the targets
+    torch.testing.assert_close(log_probs.logsumexp(-1), torch.zeros(3, 12, dtype=torch.float64))
+    from_log_probs = -log_probs.gather(-1, targets[..., None]).squeeze(-1).flatten()  # (B * N,)
+    nll = model.token_nll(tokens, targets)
+    torch.testing.assert_close(nll, from_log_probs, rtol=1e-12, atol=1e-12)
+    hidden = model.hidden(tokens).flatten(0, 1)
+    torch.testing.assert_close(model.head(hidden, targets.flatten()).loss, from_log_probs.mean())
+    scored = torch.zeros(3, 12, dtype=torch.bool)
+    scored[:, -1] = True
+    torch.testing.assert_close(model.token_nll(tokens, targets, scored), from_log_probs.reshape(3, 12)[:, -1])
+
+
+def test_adaptive_softmax_generates_and_has_its_own_weights():
+    model = adaptive()
+    out = model.generate(torch.randint(0, 50, (2, 3)), max_new_tokens=4)
+    assert out.shape == (2, 7)
+    assert out[:, 3].tolist() == model(out[:, :3])[:, -1].argmax(-1).tolist()
+    with pytest.raises(ValueError, match="tie_embeddings: false with output: adaptive"):
+        tiny(output="adaptive", adaptive_cutoffs=(10, 30))
+
+
+@pytest.mark.parametrize("cutoffs", [(20000, 40000, 200000), (30, 10), (0, 10), (10, 50), ()])
+def test_adaptive_cutoffs_are_checked_against_the_vocabulary(cutoffs: tuple[int, ...]):
+    with pytest.raises(ValueError, match=r"vocabulary of 50 words.*between 1 and vocab_size - 1 = 49.*\[4, 7, 37\]"):
+        tiny(output="adaptive", adaptive_cutoffs=cutoffs, tie_embeddings=False)
+
+
+def test_parameter_count_of_the_published_model_with_the_adaptive_softmax():
+    vocab, width, depth, ffn = 267735, 128, 16, 2048
+    per_block = (width * 2 * width) + (width * width) + 2 * (2 * width) + (width * ffn + ffn) + (ffn * width + width)
+    head = width * (20000 + 3) + (20000 + 3)  # shortlist + 3 cluster logits, with bias
+    tails = sum(width * width + width * size for size in (20000, 160000, 67735))  # div_value 1: C x C, then C x size
+    model = CausalTransformerLM(
+        vocab, attention=AttentionSpec(kind="symmetric"), output="adaptive", tie_embeddings=False,
+        attention_bias=False, activation="relu",
+    )  # fmt: skip
+    assert sum(p.numel() for p in model.parameters()) == vocab * width + depth * per_block + head + tails

@@ -34,7 +34,7 @@ def test_rows_scale_the_words_of_a_partly_scored_set():
     full, half = NLLTotals(), NLLTotals()
     full.update(torch.full((10,), 2.0), torch.ones(10, dtype=torch.bool))
     half.update(torch.full((5,), 2.0), torch.ones(5, dtype=torch.bool))
-    rows = perplexity_rows({"valid": (full, 4, 10), "test": (half, 4, 10)})
+    rows = perplexity_rows({"valid": (full, 4, 10, 10), "test": (half, 4, 10, 10)})
     assert rows[0]["complete"] and rows[0]["ppl_word"] == pytest.approx(math.exp(20.0 / 4))
     assert not rows[1]["complete"] and rows[1]["ppl_word"] == pytest.approx(math.exp(10.0 / 2))
 
@@ -50,3 +50,11 @@ def test_report_puts_attacked_sets_beside_their_clean_set(tmp_path: Path):
     assert [r["set"] for r in table] == ["test", "test_wordswap"]
     assert float(table[1]["ppl_word_vs_clean"]) == pytest.approx(1.25)
     assert "| test_wordswap |" in (tmp_path / "perplexity.md").read_text()
+
+
+def test_without_the_first_token_a_word_level_set_is_complete_and_divides_by_the_scored_words():
+    totals = NLLTotals()  # the authors' protocol: 10 words (= tokens), the first one context only
+    totals.update(torch.full((9,), 2.0), torch.ones(9, dtype=torch.bool))
+    (row,) = perplexity_rows({"test": (totals, 10, 10, 9)})
+    assert row["complete"] and row["tokens"] == 9
+    assert row["ppl_word"] == row["ppl_token"] == pytest.approx(math.exp(2.0))

@@ -1,52 +1,84 @@
-"""Corpus files in the WikiText-103 raw layout: locating them, and the built-in corpus written into it.
+"""Corpus files in the WikiText-103 layout: locating them, reading them, and the built-in corpus written into it.
 
-WikiText-103 (raw) is a folder holding ``wiki.train.raw``, ``wiki.valid.raw`` and ``wiki.test.raw``:
-one paragraph per line, headings as `` = Title = `` (`` = = Section = = `` for deeper levels) and
-blank `` `` lines between them. The built-in corpus turns CPython's ``pydoc_data/topics.py`` (the
-prose of the language reference, about 65k words) into the same layout, one topic per article, so
+WikiText-103 is a folder holding ``wiki.train.<kind>``, ``wiki.valid.<kind>`` and ``wiki.test.<kind>``,
+where kind ``raw`` is the original text (wikitext-103-raw-v1) and kind ``tokens`` the tokenised text
+with rare words replaced by ``<unk>`` (wikitext-103-v1, the files the authors' word-level models
+read): one paragraph per line, headings as `` = Title = `` (`` = = Section = = `` for deeper levels)
+and blank `` `` lines between them. The built-in corpus turns CPython's ``pydoc_data/topics.py`` (the
+prose of the language reference, about 65k words) into the raw layout, one topic per article, so
 the demo and the tests read it through the same loader as the real data.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from kpca.training.files import write_atomic
 
 SPLITS = ("train", "valid", "test")
+TEXT_FILES = ("raw", "tokens")
+_HASH_CHUNK = 1 << 24
 BUILTIN_FRACTIONS = {"train": 0.9, "valid": 0.05, "test": 0.05}
 _UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")
 _HEADING_LEVEL = {"*": 1, "=": 2, "-": 3, "~": 4, "^": 4}  # reStructuredText underlines
 
 
-def split_file(folder: str | os.PathLike[str], split: str) -> Path:
-    """The raw file of ``split`` (train, valid or test) in a WikiText-layout folder."""
+def split_file(folder: str | os.PathLike[str], split: str, kind: str = "raw") -> Path:
+    """The file of ``split`` (train, valid or test) in a WikiText-layout folder: ``wiki.<split>.<kind>``."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return Path(folder) / f"wiki.{split}.raw"
+    if kind not in TEXT_FILES:
+        raise ValueError(f"text_files must be one of {TEXT_FILES}, got {kind!r}")
+    return Path(folder) / f"wiki.{split}.{kind}"
 
 
-def check_layout(folder: str | os.PathLike[str]) -> Path:
-    """``folder`` as a Path, after checking that it holds the three WikiText raw files."""
+def check_layout(folder: str | os.PathLike[str], kind: str = "raw") -> Path:
+    """``folder`` as a Path, after checking that it holds the three WikiText files of ``kind`` (raw or tokens)."""
     path = Path(folder).expanduser()
-    missing = [split_file(path, s).name for s in SPLITS if not split_file(path, s).is_file()]
+    missing = [split_file(path, s, kind).name for s in SPLITS if not split_file(path, s, kind).is_file()]
     if missing:
+        archive = "wikitext-103-raw-v1" if kind == "raw" else "wikitext-103-v1"
+        names = ", ".join(split_file(path, s, kind).name for s in SPLITS)
         raise FileNotFoundError(
-            f"data_dir {str(folder)!r} lacks {missing}: expected the WikiText-103 raw layout, a folder with "
-            "wiki.train.raw, wiki.valid.raw and wiki.test.raw (the unzipped wikitext-103-raw-v1 archive), "
-            "or data_dir: builtin for the built-in corpus"
+            f"data_dir {str(folder)!r} lacks {missing}: expected the WikiText-103 layout of text_files: {kind}, "
+            f"a folder with {names} (the unzipped {archive} archive), or data_dir: builtin for the built-in corpus"
         )
     return path
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file's bytes (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def iter_lines(path: str | os.PathLike[str], chunk_lines: int = 100_000) -> Iterator[list[str]]:
+    """The lines of a text file (newlines stripped, universal newlines as Python reads them), in chunks."""
+    chunk: list[str] = []
+    with open(path, encoding="utf-8") as stream:
+        for line in stream:
+            chunk.append(line.rstrip("\n"))
+            if len(chunk) == chunk_lines:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
 
 
 def count_words(text: str) -> int:
     """Words of ``text`` for word-level perplexity: whitespace words plus one end-of-line per line.
 
-    Word-level WikiText-103 models predict an ``<eos>`` after every line (blank lines included), so
-    the paper's perplexities are normalised by this count; a model over any tokenizer that scores
-    the same text (newlines included) is then comparable with them.
+    Word-level WikiText-103 models predict an ``<eos>`` after every line (blank lines included), so on
+    ``wiki.*.tokens`` this is their token count; a model over any tokenizer that scores the same text
+    (newlines included) can be normalised by it. Words are split as ``str.split()`` splits (Unicode
+    whitespace), as the authors' vocabulary does.
     """
     lines = text.split("\n")
     if lines and lines[-1] == "":

@@ -1,27 +1,40 @@
-"""WikiTextDataModule: WikiText-103 (local raw files, HF datasets, or the built-in corpus) as token blocks.
+"""WikiTextDataModule: WikiText-103 (local files, HF datasets, or the built-in corpus) as token blocks.
 
 Legend: N context (tokens per block / window), T tokens in a split.
 Each split is tokenised once into a memory-mapped array (``<cache>/tokens/...bin``, uint16 when the
 vocabulary fits); training reads contiguous blocks of N + 1 tokens, evaluation reads sliding
-windows that score every token of the split exactly once.
+windows that score every token of the split exactly once (all but the first under the authors'
+protocol, ``score_first_token: false``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from kpca.language_model.corpus import SPLITS, check_layout, count_words, split_file, write_builtin_corpus
-from kpca.language_model.tokenizer import Tokenizer, TokenizerConfig, file_digest, iter_lines, train_tokenizer
+from kpca.language_model.corpus import (
+    SPLITS,
+    TEXT_FILES,
+    check_layout,
+    count_words,
+    file_digest,
+    iter_lines,
+    split_file,
+    write_builtin_corpus,
+)
+from kpca.language_model.tokenizer import Tokenizer, TokenizerConfig, train_tokenizer
 from kpca.language_model.word_swap import WordSwap, word_swap
+from kpca.language_model.word_tokenizer import WordTokenizer
 from kpca.training.data import UnpaddedDistributedSampler, per_device_batch_size
 from kpca.training.files import write_atomic
 
@@ -44,13 +57,13 @@ class TokenArray:
         return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.length,))
 
 
-def prepare_tokens(text_file: Path, tokenizer: Tokenizer, cache_dir: Path, name: str) -> TokenArray:
+def prepare_tokens(text_file: Path, tokenizer: Tokenizer | WordTokenizer, cache_dir: Path, name: str) -> TokenArray:
     """Tokenise ``text_file`` into ``<cache_dir>/tokens/<tokenizer>/<name>-<text digest>.bin`` once, and describe it.
 
     The token file is streamed line chunk by line chunk (WikiText-103's 540 MB never sits in memory
     as Python ints) and renamed into place; its ``.json`` sidecar, written last, marks it complete.
     """
-    folder = cache_dir / "tokens" / tokenizer.model_file.parent.name
+    folder = cache_dir / "tokens" / tokenizer.cache_name
     stem = f"{name}-{file_digest(text_file)[:16]}"
     meta_file = folder / f"{stem}.json"
     if meta_file.exists():
@@ -96,42 +109,56 @@ class TokenBlocks(Dataset):
 
 
 class SlidingWindows(Dataset):
-    """Evaluation windows of N inputs that score each token of a split exactly once.
+    """Evaluation windows of N inputs that score each target of a split exactly once.
 
-    The split is read as ``[eos] + tokens`` (the text starts after an end of line), so all T tokens
-    are predicted. Window w starts at ``w * stride``, predicts the next N tokens (fewer at the end)
-    and scores only those not scored by an earlier window, so every scored token after the first
-    window sees at least ``N - stride`` tokens of context. Item: inputs (N,), targets (N,) and a
+    The stream is ``[eos] + tokens`` when ``score_first_token`` (the text starts after an end of
+    line, so all T tokens are predicted), or the tokens alone (the authors' ``eval_sliding_window.py``:
+    the first token is context only, T - 1 are predicted). With P the number of targets, window w
+    reads the inputs ``stream[b : e]`` and targets ``stream[b + 1 : e + 1]``, b = w * stride,
+    e = min(b + N, P), and scores the targets after the previous window's end. The first window
+    therefore scores all of its positions (target t sees t tokens of context, as the authors' first
+    window does) and every later target sees at least N - stride tokens; ``stride = 1`` is the
+    authors' protocol, one scored target per window, each with the full N tokens of context.
+    Windows are computed from their index (no list is kept). Item: inputs (N,), targets (N,) and a
     bool mask (N,) of scored targets; padding beyond the split is 0 and unscored.
     """
 
-    def __init__(self, tokens: TokenArray, context: int, stride: int, eos_id: int) -> None:
+    def __init__(
+        self, tokens: TokenArray, context: int, stride: int, eos_id: int, score_first_token: bool = True
+    ) -> None:
         if not 1 <= stride <= context:
             raise ValueError(f"eval stride must be in [1, context={context}], got {stride}")
-        self.tokens, self.context, self.eos_id = tokens, context, eos_id
+        self.tokens, self.context, self.stride, self.eos_id = tokens, context, stride, eos_id
+        self.score_first_token = score_first_token
+        self.num_targets = tokens.length if score_first_token else tokens.length - 1  # P
+        if self.num_targets < 1:
+            raise ValueError(f"{tokens.path} holds {tokens.length} tokens, too few to score one")
         self._array: np.ndarray | None = None
-        self.windows: list[tuple[int, int, int]] = []  # (begin, end, first scored target) in stream coordinates
-        total, prev_end = tokens.length, 0
-        for begin in range(0, total, stride):
-            end = min(begin + context, total)
-            self.windows.append((begin, end, prev_end))
-            prev_end = end
-            if end == total:
-                break
 
     def __len__(self) -> int:
-        return len(self.windows)
+        return max(math.ceil((self.num_targets - self.context) / self.stride), 0) + 1
+
+    def window(self, index: int) -> tuple[int, int, int]:
+        """(begin, end, first scored target) of window ``index`` in stream coordinates."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"window {index} of {len(self)}")
+        begin = index * self.stride
+        end = min(begin + self.context, self.num_targets)
+        previous_end = min(begin - self.stride + self.context, self.num_targets) if index else 0
+        return begin, end, previous_end
 
     def _stream(self, start: int, stop: int) -> np.ndarray:
-        """Positions [start, stop) of ``[eos] + tokens``."""
+        """Positions [start, stop) of the stream (``[eos] + tokens`` or ``tokens``)."""
         if self._array is None:
             self._array = self.tokens.open()
+        if not self.score_first_token:
+            return self._array[start:stop].astype(np.int64)
         head = [self.eos_id] if start == 0 else []
         body = self._array[max(start - 1, 0) : stop - 1].astype(np.int64)
         return np.concatenate([np.asarray(head, dtype=np.int64), body])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        begin, end, first_scored = self.windows[index]
+        begin, end, first_scored = self.window(index)
         n = end - begin
         inputs = torch.zeros(self.context, dtype=torch.long)
         targets = torch.zeros(self.context, dtype=torch.long)
@@ -148,7 +175,7 @@ class SlidingWindows(Dataset):
 class Prompts(Dataset):
     """Prompt texts with their token ids, for ``predict``."""
 
-    def __init__(self, prompts: list[str], tokenizer: Tokenizer) -> None:
+    def __init__(self, prompts: list[str], tokenizer: Tokenizer | WordTokenizer) -> None:
         self.items = [(text, torch.tensor(tokenizer.encode_prompt(text), dtype=torch.long)) for text in prompts]
         empty = [text for text, ids in self.items if ids.numel() == 0]
         if empty:
@@ -162,26 +189,36 @@ class Prompts(Dataset):
 
 
 class WikiTextDataModule(pl.LightningDataModule):
-    """WikiText-103 (raw) as sentencepiece tokens, for training, sliding-window evaluation and the word-swap attack.
+    """WikiText-103 as tokens, for training, sliding-window evaluation and the word-swap attack.
 
     Where the text comes from, in order: ``data_dir: builtin`` (CPython's docs, written once into the
-    WikiText layout under ``cache_dir``), ``data_dir: <folder>`` with ``wiki.{train,valid,test}.raw``,
-    or, when ``data_dir`` is None, HF ``datasets.load_dataset(hf_path, hf_name)`` from the hub or
-    the local HF cache (copied once into the same layout).
+    WikiText raw layout under ``cache_dir``), ``data_dir: <folder>`` with
+    ``wiki.{train,valid,test}.<text_files>``, or, when ``data_dir`` is None, HF
+    ``datasets.load_dataset(hf_path, hf_name)`` from the hub or the local HF cache (copied once into
+    the same layout).
+
+    Our defaults: raw text, a sentencepiece tokenizer, stride N / 2, the uniform word swap. The
+    authors' set-up: ``text_files: tokens`` (``hf_name: wikitext-103-v1``), ``tokenizer.kind: word``,
+    ``eval_stride: 1``, ``score_first_token: false`` and ``word_swap.protocol: textattack``.
 
     Args:
-        data_dir: ``builtin``, a WikiText-103 raw folder, or None for HF datasets.
+        data_dir: ``builtin``, a WikiText-103 folder, or None for HF datasets.
         hf_path: HF dataset path (``wikitext``; ``text`` with ``hf_data_files`` for other local files).
-        hf_name: HF configuration name.
+        hf_name: HF configuration name (``wikitext-103-raw-v1`` raw text, ``wikitext-103-v1`` tokens).
         hf_data_files: split -> file mapping passed to ``load_dataset`` (``train``, ``validation``, ``test``).
+        text_files: ``raw`` (``wiki.*.raw``, the original text) or ``tokens`` (``wiki.*.tokens``, the
+            tokenised text with ``<unk>`` that the authors' word-level models read).
         cache_dir: where the corpus copy, tokenizer and token arrays are cached.
-        tokenizer: sentencepiece settings (the model trains on the train split once per setting).
+        tokenizer: which tokenizer and its settings (built from the train split once per setting).
         context: tokens per training block and evaluation window (N).
         batch_size: training blocks per step over all devices and nodes (the global batch; the paper: 96);
             each process loads ``batch_size // world_size`` (setup raises ValueError if it does not divide).
         eval_batch_size: evaluation windows per device and step (as segmentation's; default: the per-device
             training batch). Evaluation batches do not change the result, so they are not split.
-        eval_stride: tokens between evaluation windows (default: N / 2).
+        eval_stride: tokens between evaluation windows (default: N / 2; 1 is the authors' protocol: every
+            token scored with the full context, one scored token per window, many windows per forward).
+        score_first_token: predict each split's first token after an end of line (True), or keep it as
+            context only, as the authors do (False: T - 1 tokens scored).
         num_workers: DataLoader workers per device.
         word_swap: the attack evaluated by ``test`` beside the clean text (None: clean only).
         test_splits: the splits ``test`` evaluates.
@@ -194,12 +231,14 @@ class WikiTextDataModule(pl.LightningDataModule):
         hf_path: str = "wikitext",
         hf_name: str | None = "wikitext-103-raw-v1",
         hf_data_files: dict[str, str] | None = None,
+        text_files: Literal["raw", "tokens"] = "raw",
         cache_dir: str = "~/.cache/kpca/language_model",
         tokenizer: TokenizerConfig = TokenizerConfig(),  # noqa: B008 (frozen dataclass)
         context: int = 256,
         batch_size: int = 96,
         eval_batch_size: int | None = None,
         eval_stride: int | None = None,
+        score_first_token: bool = True,
         num_workers: int = 2,
         word_swap: WordSwap | None = WordSwap(),  # noqa: B008 (frozen dataclass)
         test_splits: tuple[str, ...] = ("valid", "test"),
@@ -211,6 +250,10 @@ class WikiTextDataModule(pl.LightningDataModule):
         bad = [s for s in test_splits if s not in SPLITS]
         if bad or not test_splits:
             raise ValueError(f"test_splits must be a non-empty subset of {SPLITS}, got {list(test_splits)}")
+        if text_files not in TEXT_FILES:
+            raise ValueError(f"text_files must be one of {TEXT_FILES}, got {text_files!r}")
+        if data_dir == BUILTIN and text_files != "raw":
+            raise ValueError("data_dir: builtin is raw text only; set text_files: raw, or give a wiki.*.tokens folder")
         self.save_hyperparameters()
         self.cache_dir = Path(cache_dir).expanduser()
         self.tokenizer_config = tokenizer
@@ -219,13 +262,17 @@ class WikiTextDataModule(pl.LightningDataModule):
         self.batch_size_per_device = batch_size
         self.eval_stride = eval_stride or max(context // 2, 1)
         self.word_swap = word_swap
-        self.tokenizer: Tokenizer | None = None
+        self.tokenizer: Tokenizer | WordTokenizer | None = None
         self.arrays: dict[str, TokenArray] = {}
 
     @property
     def vocab_size(self) -> int:
-        """The vocabulary size the tokenizer is trained to (the model's V)."""
+        """The vocabulary size the tokenizer is built to (the model's V)."""
         return self.tokenizer_config.vocab_size
+
+    def scored_tokens(self, name: str) -> int:
+        """How many tokens of evaluation set ``name`` the sliding windows score (T, or T - 1 without the first)."""
+        return self.arrays[name].length - (0 if self.hparams.score_first_token else 1)
 
     def eval_names(self, stage: str) -> list[str]:
         """Names of the evaluation sets of a stage, in dataloader order: ``valid``, ``test_wordswap``, ..."""
@@ -242,14 +289,17 @@ class WikiTextDataModule(pl.LightningDataModule):
         if data_dir == BUILTIN:
             return write_builtin_corpus(self.cache_dir)
         if data_dir is not None:
-            return check_layout(data_dir)
+            return check_layout(data_dir, self.hparams.text_files)
         return self._hf_folder()
+
+    def _split_file(self, folder: Path, split: str) -> Path:
+        return split_file(folder, split, self.hparams.text_files)
 
     def _hf_folder(self) -> Path:
         source = json.dumps([self.hparams.hf_path, self.hparams.hf_name, self.hparams.hf_data_files], sort_keys=True)
         slug = re.sub(r"[^A-Za-z0-9.-]+", "_", f"{self.hparams.hf_path}-{self.hparams.hf_name}")
         folder = self.cache_dir / "hf" / f"{slug}-{hashlib.sha256(source.encode()).hexdigest()[:8]}"
-        if all(split_file(folder, s).is_file() for s in SPLITS):
+        if all(self._split_file(folder, s).is_file() for s in SPLITS):
             return folder
         try:
             import datasets
@@ -260,7 +310,7 @@ class WikiTextDataModule(pl.LightningDataModule):
             for split, hf_split in HF_SPLITS.items():
                 lines = dataset[hf_split]["text"]
                 write_atomic(
-                    split_file(folder, split),
+                    self._split_file(folder, split),
                     lambda f, lines=lines: f.writelines(line if line.endswith("\n") else line + "\n" for line in lines),
                     mode="w",
                     encoding="utf-8",
@@ -269,8 +319,9 @@ class WikiTextDataModule(pl.LightningDataModule):
             raise RuntimeError(
                 f"could not load {self.hparams.hf_path!r} / {self.hparams.hf_name!r} with HF datasets ({error}). "
                 "Either set data_dir to a folder with WikiText-103's wiki.train.raw, wiki.valid.raw and "
-                "wiki.test.raw, or make the dataset reachable for datasets.load_dataset (network access to the "
-                "hub, or a local HF cache with HF_DATASETS_OFFLINE=1); data_dir: builtin uses the built-in corpus"
+                "wiki.test.raw (wiki.*.tokens with text_files: tokens), or make the dataset reachable for "
+                "datasets.load_dataset (network access to the hub, or a local HF cache with HF_DATASETS_OFFLINE=1); "
+                "data_dir: builtin uses the built-in corpus"
             ) from error
         return folder
 
@@ -286,19 +337,20 @@ class WikiTextDataModule(pl.LightningDataModule):
 
     def _load(self) -> None:
         folder = self.corpus_folder()
-        self.tokenizer = train_tokenizer(split_file(folder, "train"), self.tokenizer_config, self.cache_dir)
+        self.tokenizer = train_tokenizer(self._split_file(folder, "train"), self.tokenizer_config, self.cache_dir)
         for split in SPLITS:
-            self.arrays[split] = prepare_tokens(split_file(folder, split), self.tokenizer, self.cache_dir, split)
+            self.arrays[split] = prepare_tokens(self._split_file(folder, split), self.tokenizer, self.cache_dir, split)
         if self.word_swap is not None:
             for split in self.hparams.test_splits:
-                attacked = self._attacked_file(split_file(folder, split))
+                attacked = self._attacked_file(self._split_file(folder, split))
                 self.arrays[f"{split}_wordswap"] = prepare_tokens(
                     attacked, self.tokenizer, self.cache_dir, f"{split}_{self.word_swap.tag}"
                 )
 
     def _attacked_file(self, text_file: Path) -> Path:
         """``text_file`` under the word-swap attack, written once into the cache."""
-        path = self.cache_dir / "attacked" / f"{text_file.stem}-{file_digest(text_file)[:16]}-{self.word_swap.tag}.raw"
+        name = f"{text_file.stem}-{file_digest(text_file)[:16]}-{self.word_swap.tag}{text_file.suffix}"
+        path = self.cache_dir / "attacked" / name
         if not path.exists():
             attacked, _ = word_swap(text_file.read_text(encoding="utf-8"), self.word_swap)
             write_atomic(path, lambda f: f.write(attacked), mode="w", encoding="utf-8")
@@ -318,7 +370,9 @@ class WikiTextDataModule(pl.LightningDataModule):
         return DataLoader(prompts, batch_size=1, collate_fn=lambda items: items[0])
 
     def _eval_loader(self, name: str) -> DataLoader:
-        windows = SlidingWindows(self.arrays[name], self.context, self.eval_stride, self.tokenizer.eos_id)
+        windows = SlidingWindows(
+            self.arrays[name], self.context, self.eval_stride, self.tokenizer.eos_id, self.hparams.score_first_token
+        )
         sampler = None
         trainer = self.trainer
         if trainer is not None and trainer.world_size > 1:  # each window on exactly one rank, none repeated

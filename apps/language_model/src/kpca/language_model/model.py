@@ -1,8 +1,10 @@
 """CausalTransformerLM: a decoder-only transformer whose attention is chosen by an AttentionSpec.
 
-Legend: B batch, N tokens (N <= context), C width, V vocabulary.
+Legend: B batch, N tokens (N <= context), C width, V vocabulary, S scored positions.
 Every attention module is built strictly causal (causal attention in every PAP evaluation and a
-causal mu from prefix sums), so logits at position t depend on tokens <= t only.
+causal mu from prefix sums), so the prediction at position t depends on tokens <= t only. The
+output head (:mod:`kpca.language_model.output_heads`) is a full softmax or an adaptive softmax;
+:meth:`CausalTransformerLM.token_nll` runs it on the positions that are scored only.
 """
 
 from __future__ import annotations
@@ -15,37 +17,50 @@ import torch.nn.functional as F
 from torch import nn
 
 from kpca.attention import AttentionSpec
+from kpca.language_model.output_heads import WIKITEXT103_CUTOFFS, AdaptiveHead, SoftmaxHead
 
 NormPosition = Literal["pre", "post"]
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 
 
 class FeedForward(nn.Module):
-    """Position-wise MLP: Linear(C, F) -> GELU -> dropout -> Linear(F, C)."""
+    """Position-wise MLP: Linear(C, F) -> GELU or ReLU -> dropout -> Linear(F, C)."""
 
-    def __init__(self, width: int, ffn_dim: int, dropout: float) -> None:
+    def __init__(self, width: int, ffn_dim: int, dropout: float, activation: str = "gelu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(width, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, width)
         self.drop = nn.Dropout(dropout)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, C) -> (B, N, C)."""
-        return self.fc2(self.drop(F.gelu(self.fc1(x))))
+        return self.fc2(self.drop(self.activation(self.fc1(x))))
 
 
 class DecoderBlock(nn.Module):
     """One transformer block with causal attention; ``norm_position`` chooses post-LN (paper) or pre-LN."""
 
     def __init__(
-        self, width: int, num_heads: int, ffn_dim: int, dropout: float, attention: AttentionSpec, norm_position: str
+        self,
+        width: int,
+        num_heads: int,
+        ffn_dim: int,
+        dropout: float,
+        attention: AttentionSpec,
+        norm_position: str,
+        attention_dropout: float = 0.0,
+        attention_bias: bool = True,
+        activation: str = "gelu",
     ) -> None:
         super().__init__()
         self.norm_position = norm_position
         self.attn = attention.build(
-            width, num_heads, qkv_bias=True, attn_drop=dropout, proj_drop=dropout, is_causal=True
-        )  # (B, N, C) -> (B, N, C), strictly causal
+            width, num_heads, qkv_bias=attention_bias, proj_bias=attention_bias, attn_drop=attention_dropout,
+            proj_drop=dropout, is_causal=True,
+        )  # (B, N, C) -> (B, N, C), strictly causal  # fmt: skip
         self.norm1 = nn.LayerNorm(width)
-        self.ffn = FeedForward(width, ffn_dim, dropout)
+        self.ffn = FeedForward(width, ffn_dim, dropout, activation)
         self.norm2 = nn.LayerNorm(width)
         self.drop = nn.Dropout(dropout)
 
@@ -72,7 +87,9 @@ class CausalTransformerLM(nn.Module):
     """Decoder-only language model; ``attention`` picks asymmetric, symmetric or RPC attention per block.
 
     The paper's WikiText-103 model is the default: 16 blocks, width 128, 8 heads (head dim 16),
-    FFN 2048, dropout 0.1, context 256, post-LN, tied input/output embeddings.
+    FFN 2048, dropout 0.1, no attention dropout (the authors' ``--dropatt 0.0``), context 256,
+    post-LN. The output is a tied full softmax by default; the authors' set-up (their commands'
+    ``--adaptive``) is ``output: adaptive`` with ``tie_embeddings: false``.
 
     Args:
         vocab_size: vocabulary size V (the tokenizer's).
@@ -81,13 +98,20 @@ class CausalTransformerLM(nn.Module):
         depth: number of blocks.
         num_heads: attention heads (C must be divisible by it).
         ffn_dim: hidden width of the feed-forward layers.
-        dropout: dropout on embeddings, attention probabilities and residual branches.
+        dropout: dropout on embeddings, the FFN hidden layer and residual branches.
+        attention_dropout: dropout on the attention probabilities (with RPC: on the last PAP evaluation).
         attention: which attention, and in which blocks (see ``AttentionSpec.per_block``); blocks it
             leaves as they are get the baseline, asymmetric softmax attention.
         norm_position: ``post`` (LayerNorm after each residual sum, the paper) or ``pre``
             (LayerNorm on each branch input, plus a final LayerNorm).
         positions: ``sinusoidal`` (fixed) or ``learned`` position embeddings.
-        tie_embeddings: share the token embedding with the output projection.
+        tie_embeddings: share the token embedding with the output projection (``output: softmax`` only).
+        activation: ``gelu`` or ``relu`` (the authors') in the feed-forward layers.
+        attention_bias: biases in the q/k/v and output projections of attention (the authors have none).
+        output: ``softmax`` (a full softmax over V) or ``adaptive`` (``torch.nn.AdaptiveLogSoftmaxWithLoss``).
+        adaptive_cutoffs: cluster boundaries of the adaptive softmax, increasing, below V (the authors'
+            WikiText-103 20000, 40000, 200000; scale them down for small vocabularies).
+        adaptive_div_value: width divisor of the adaptive softmax's tail clusters (the authors' ``div_val`` 1).
     """
 
     def __init__(
@@ -99,10 +123,16 @@ class CausalTransformerLM(nn.Module):
         num_heads: int = 8,
         ffn_dim: int = 2048,
         dropout: float = 0.1,
+        attention_dropout: float = 0.0,
         attention: AttentionSpec = AttentionSpec(kind="symmetric"),  # noqa: B008 (dataclass default)
         norm_position: NormPosition = "post",
         positions: Literal["sinusoidal", "learned"] = "sinusoidal",
         tie_embeddings: bool = True,
+        activation: Literal["gelu", "relu"] = "gelu",
+        attention_bias: bool = True,
+        output: Literal["softmax", "adaptive"] = "softmax",
+        adaptive_cutoffs: tuple[int, ...] = WIKITEXT103_CUTOFFS,
+        adaptive_div_value: float = 1.0,
     ) -> None:
         super().__init__()
         if vocab_size < 2 or context < 1 or depth < 1:
@@ -113,6 +143,17 @@ class CausalTransformerLM(nn.Module):
             raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
         if positions not in ("sinusoidal", "learned"):
             raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {positions!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        if output not in ("softmax", "adaptive"):
+            raise ValueError(f"output must be 'softmax' or 'adaptive', got {output!r}")
+        if output == "adaptive" and tie_embeddings:
+            raise ValueError(
+                "tie_embeddings needs output: softmax (the adaptive softmax's clusters have their own weights); "
+                "set tie_embeddings: false with output: adaptive"
+            )
+        if not (0.0 <= dropout < 1.0 and 0.0 <= attention_dropout < 1.0):
+            raise ValueError(f"dropout and attention_dropout must be in [0, 1), got {dropout}, {attention_dropout}")
         self.vocab_size, self.context, self.width = vocab_size, context, width
         self.attention = attention
         self.embed = nn.Embedding(vocab_size, width)
@@ -123,19 +164,32 @@ class CausalTransformerLM(nn.Module):
         self.drop = nn.Dropout(dropout)
         baseline = AttentionSpec(kind="softmax", backend=attention.backend)  # the blocks per_block leaves as they are
         self.blocks = nn.ModuleList(
-            DecoderBlock(width, num_heads, ffn_dim, dropout, baseline if spec is None else spec, norm_position)
+            DecoderBlock(
+                width,
+                num_heads,
+                ffn_dim,
+                dropout,
+                baseline if spec is None else spec,
+                norm_position,
+                attention_dropout,
+                attention_bias,
+                activation,
+            )  # fmt: skip
             for spec in attention.per_block(depth)
         )
         self.norm = nn.LayerNorm(width) if norm_position == "pre" else nn.Identity()
-        self.head = nn.Linear(width, vocab_size, bias=False)
+        if output == "adaptive":
+            self.head = AdaptiveHead(width, vocab_size, tuple(adaptive_cutoffs), adaptive_div_value)
+        else:
+            self.head = SoftmaxHead(width, vocab_size)
         self.apply(_init_weights)
         if positions == "learned":
             nn.init.normal_(self.pos_embed, std=0.02)
         if tie_embeddings:
             self.head.weight = self.embed.weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, N) token ids -> (B, N, V) next-token logits; position t sees tokens <= t only."""
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, N) token ids -> (B, N, C) final hidden states; position t sees tokens <= t only."""
         n = tokens.shape[1]
         if n > self.context:
             raise ValueError(f"input has {n} tokens, more than the model's context {self.context}; crop it")
@@ -143,7 +197,24 @@ class CausalTransformerLM(nn.Module):
         x = self.drop(x)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))  # (B, N, V)
+        return self.norm(x)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, N) token ids -> (B, N, V) next-token log-probabilities; position t sees tokens <= t only."""
+        return self.head.log_probs(self.hidden(tokens))
+
+    def token_nll(
+        self, tokens: torch.Tensor, targets: torch.Tensor, scored: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """NLL of ``targets`` after ``tokens``, both (B, N): (S,) at the positions where ``scored`` (B, N) is True.
+
+        The output head runs on those S positions only (all B * N when ``scored`` is None), so a
+        sliding window that scores one position costs one head evaluation, not N.
+        """
+        hidden = self.hidden(tokens)  # (B, N, C)
+        if scored is None:
+            return self.head.nll(hidden.flatten(0, 1), targets.flatten())  # (B * N,)
+        return self.head.nll(hidden[scored], targets[scored])  # (S,)
 
     @torch.no_grad()
     def generate(
@@ -167,11 +238,12 @@ class CausalTransformerLM(nn.Module):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         tokens = prompt
         for _ in range(max_new_tokens):
-            logits = self(tokens[:, -self.context :])[:, -1].float()  # (B, V)
+            hidden = self.hidden(tokens[:, -self.context :])[:, -1]  # (B, C)
+            log_probs = self.head.log_probs(hidden)  # (B, V)
             if top_k is None:
-                next_token = logits.argmax(-1, keepdim=True)  # (B, 1)
+                next_token = log_probs.argmax(-1, keepdim=True)  # (B, 1)
             else:
-                values, indices = logits.topk(min(top_k, logits.shape[-1]), dim=-1)  # (B, k)
+                values, indices = log_probs.topk(min(top_k, log_probs.shape[-1]), dim=-1)  # (B, k)
                 probs = torch.softmax(values / temperature, dim=-1)
                 choice = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
                 next_token = indices.gather(-1, choice)

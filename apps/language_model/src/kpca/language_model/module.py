@@ -1,6 +1,6 @@
 """LanguageModelModule: training, perplexity evaluation (clean and word-swapped) and generation.
 
-Legend: B batch, N context, V vocabulary.
+Legend: B batch, N context, V vocabulary, S scored positions.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
@@ -40,7 +39,8 @@ class LanguageModelModule(NetModule):
     Gradient clipping (the paper: 0.25) and precision (bf16) are Trainer settings in the YAML files.
 
     Args:
-        net: the language model, (B, N) token ids -> (B, N, V) logits (``CausalTransformerLM``).
+        net: the language model (``CausalTransformerLM``: ``token_nll`` for training and evaluation,
+            ``generate`` for text).
         optimizer: optimizer factory taking parameter groups (the paper: Adam, lr 2.5e-4).
         warmup_steps: linear warm-up from 0 to the optimizer's lr over this many optimizer steps.
         min_lr_ratio: the cosine decays to ``min_lr_ratio`` times the peak lr at the last step.
@@ -64,13 +64,12 @@ class LanguageModelModule(NetModule):
         self.eval_totals = nn.ModuleDict()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, N) token ids -> (B, N, V) logits."""
+        """(B, N) token ids -> (B, N, V) next-token log-probabilities."""
         return self.net(tokens)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         inputs, targets = batch  # (B, N), (B, N)
-        logits = self.net(inputs)  # (B, N, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss = self.net.token_nll(inputs, targets).mean()  # mean over B * N
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         self.log("train/ppl", torch.exp(loss.detach()), on_step=True, on_epoch=False)
         return loss
@@ -81,13 +80,15 @@ class LanguageModelModule(NetModule):
 
     def _eval_step(self, batch, dataloader_idx: int) -> None:
         inputs, targets, scored = batch  # (B, N) each
-        logits = self.net(inputs)  # (B, N, V)
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")  # (B * N,)
-        self.eval_totals[self.eval_names[dataloader_idx]].update(nll, scored.flatten())
+        nll = self.net.token_nll(inputs, targets, scored)  # (S,): the head runs on the scored positions only
+        self.eval_totals[self.eval_names[dataloader_idx]].update(nll, torch.ones_like(nll, dtype=torch.bool))
 
     def _eval_results(self) -> list[dict]:
-        arrays = self.trainer.datamodule.arrays
-        sets = {name: (totals, arrays[name].words, arrays[name].length) for name, totals in self.eval_totals.items()}
+        data = self.trainer.datamodule
+        sets = {
+            name: (totals, data.arrays[name].words, data.arrays[name].length, data.scored_tokens(name))
+            for name, totals in self.eval_totals.items()
+        }
         return perplexity_rows(sets)
 
     def on_validation_epoch_start(self) -> None:

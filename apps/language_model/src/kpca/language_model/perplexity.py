@@ -2,7 +2,8 @@
 
 token-level perplexity = exp(total NLL / scored tokens); word-level perplexity = exp(total NLL /
 words), with words counted on the original text (:func:`kpca.language_model.corpus.count_words`),
-so it does not depend on the tokenizer and compares with word-level WikiText-103 results.
+so it does not depend on the tokenizer. With the word tokenizer on ``wiki.*.tokens`` the two are
+equal, and they are the authors' perplexity when the evaluation follows their protocol.
 """
 
 from __future__ import annotations
@@ -50,21 +51,23 @@ def perplexities(total_nll: float, tokens: int, words: float) -> dict[str, float
     }
 
 
-def perplexity_rows(sets: Mapping[str, tuple[NLLTotals, int, int]]) -> list[dict]:
+def perplexity_rows(sets: Mapping[str, tuple[NLLTotals, int, int, int]]) -> list[dict]:
     """One row per evaluation set from synced totals: set, tokens, words, nll_token, ppl_token, ppl_word, complete.
 
-    ``sets`` maps a name to (totals, words of the whole set, tokens of the whole set). When only part
-    of a set was scored (``limit_*_batches``, ``fast_dev_run``), the word count is scaled by the
-    scored share of tokens, so ``ppl_word`` estimates the full set's instead of collapsing towards 1.
+    ``sets`` maps a name to (totals, words of the whole set, tokens of the whole set, tokens the
+    evaluation scores: all of them, or all but the first under the authors' protocol). The word count
+    is scaled by the scored share of the set's tokens, so ``ppl_word`` is per scored word (with the
+    word tokenizer exactly the authors' T - 1 when the first token is context only), and estimates
+    the full set's when only part was scored (``limit_*_batches``, ``fast_dev_run``; then ``complete``
+    is False) instead of collapsing towards 1.
     """
     rows = []
-    for name, (totals, words, set_tokens) in sets.items():
+    for name, (totals, words, set_tokens, expected) in sets.items():
         nll, tokens = (float(x) for x in totals.compute())
         tokens = int(tokens)
-        complete = tokens == set_tokens
-        scored_words = words if complete else max(words * tokens / set_tokens, 1e-9)
+        scored_words = words if tokens == set_tokens else max(words * tokens / set_tokens, 1e-9)
         row = {"set": name, "tokens": tokens, "words": words, **perplexities(nll, tokens, scored_words)}
-        rows.append({**row, "complete": complete})
+        rows.append({**row, "complete": tokens == expected})
     return rows
 
 

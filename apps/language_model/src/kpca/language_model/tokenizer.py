@@ -1,8 +1,10 @@
-"""A sentencepiece tokenizer trained on the training split, cached under a key of its inputs.
+"""The tokenizers: a sentencepiece model trained on the training split, or the authors' word vocabulary.
 
-Text is encoded line by line, each line followed by the end-of-line token (WikiText's ``<eos>``),
-so decoding turns it back into a newline. Byte fallback makes every character representable:
-no ``<unk>`` ever inflates or deflates a perplexity.
+``TokenizerConfig.kind`` chooses. Both encode text line by line, each line followed by the
+end-of-line token (WikiText's ``<eos>``), so decoding turns it back into a newline, and both are
+cached under a key of their inputs. Sentencepiece (our default) uses byte fallback, so every
+character is representable and no ``<unk>`` ever inflates or deflates a perplexity. The word
+vocabulary (:mod:`kpca.language_model.word_tokenizer`) is the authors' on ``wiki.*.tokens``.
 """
 
 from __future__ import annotations
@@ -10,50 +12,59 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import sentencepiece as spm
 
+from kpca.language_model.corpus import file_digest
+from kpca.language_model.word_tokenizer import WordTokenizer, build_word_tokenizer
 from kpca.training.files import write_tree_atomic
 
-UNK_ID, EOS_ID = 0, 1
-_HASH_CHUNK = 1 << 24
+UNK_ID, EOS_ID = 0, 1  # sentencepiece's; the word vocabulary puts <eos> first (id 0), as the authors'
+TOKENIZER_KINDS = ("sentencepiece", "word")
 
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """How the sentencepiece model is trained (every field is part of the cache key).
+    """Which tokenizer, and how it is built from the train split (every field it uses is part of its cache key).
 
     Args:
-        vocab_size: number of pieces, specials and 256 byte pieces included.
-        model_type: ``unigram`` or ``bpe``.
-        max_sentences: train on at most this many lines, sampled by sentencepiece (WikiText-103's
-            train split has 1.8M lines; 2M keeps them all).
-        character_coverage: share of characters that get their own piece; the rest fall back to bytes.
+        kind: ``sentencepiece`` (our default, on raw text) or ``word`` (the authors': whitespace words plus
+            one ``<eos>`` per line, the vocabulary of the train split; use it on ``wiki.*.tokens``).
+        vocab_size: sentencepiece: number of pieces, specials and 256 byte pieces included. word: the size
+            the vocabulary must have (it is fixed by the train split and ``min_freq``; the model's output
+            size is linked to this value, so a mismatch is an error naming the real size; 267735 for
+            WikiText-103).
+        model_type: sentencepiece ``unigram`` or ``bpe``.
+        max_sentences: sentencepiece trains on at most this many lines, sampled by sentencepiece
+            (WikiText-103's train split has 1.8M lines; 2M keeps them all).
+        character_coverage: sentencepiece's share of characters that get their own piece; the rest fall
+            back to bytes.
+        min_freq: word: words seen fewer times in the train split become ``<unk>`` (0: keep every word,
+            the authors' setting).
     """
 
+    kind: Literal["sentencepiece", "word"] = "sentencepiece"
     vocab_size: int = 32000
     model_type: str = "unigram"
     max_sentences: int = 2_000_000
     character_coverage: float = 0.9995
+    min_freq: int = 0
 
     def __post_init__(self) -> None:
-        if self.vocab_size < 300:
+        if self.kind not in TOKENIZER_KINDS:
+            raise ValueError(f"tokenizer kind must be one of {TOKENIZER_KINDS}, got {self.kind!r}")
+        if self.kind == "sentencepiece" and self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 byte pieces + specials + text), got {self.vocab_size}")
+        if self.kind == "word" and self.vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2 (<eos> and one word), got {self.vocab_size}")
         if self.model_type not in ("unigram", "bpe"):
             raise ValueError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
-
-
-def file_digest(path: str | os.PathLike[str]) -> str:
-    """SHA-256 of a file's bytes (hex)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        if self.min_freq < 0:
+            raise ValueError(f"min_freq must be >= 0, got {self.min_freq}")
 
 
 class Tokenizer:
@@ -76,6 +87,11 @@ class Tokenizer:
     def eos_id(self) -> int:
         """Id of the end-of-line token."""
         return EOS_ID
+
+    @property
+    def cache_name(self) -> str:
+        """The name of the cache folder of this model (token arrays are cached under the same name)."""
+        return self.model_file.parent.name
 
     def encode_lines(self, lines: list[str]) -> np.ndarray:
         """Token ids of ``lines`` (without newlines), each line followed by the end-of-line id; (T,) int64."""
@@ -101,33 +117,32 @@ class Tokenizer:
         return "\n".join(self.sp.decode(line) for line in lines)
 
 
-def iter_lines(path: str | os.PathLike[str], chunk_lines: int = 100_000) -> Iterator[list[str]]:
-    """The lines of a text file (newlines stripped), in chunks of ``chunk_lines``."""
-    chunk: list[str] = []
-    with open(path, encoding="utf-8") as stream:
-        for line in stream:
-            chunk.append(line.rstrip("\n"))
-            if len(chunk) == chunk_lines:
-                yield chunk
-                chunk = []
-    if chunk:
-        yield chunk
-
-
 def train_tokenizer(
     train_file: str | os.PathLike[str], config: TokenizerConfig, cache_dir: str | os.PathLike[str]
-) -> Tokenizer:
-    """Train (or load from the cache) a sentencepiece model on ``train_file``.
+) -> Tokenizer | WordTokenizer:
+    """Build (or load from the cache) the tokenizer ``config.kind`` of ``train_file``.
 
-    The cache key hashes the file's bytes, the config and the sentencepiece version, so a changed
-    corpus or setting trains a new model and an unchanged one never trains twice. The model is
-    written to a temporary folder and renamed into place, so concurrent or interrupted runs never
-    see a partial model.
+    The cache key hashes the file's bytes, the settings the kind uses and (sentencepiece) its
+    version, so a changed corpus or setting builds a new tokenizer and an unchanged one is never
+    built twice. Files are written to a temporary folder and renamed into place, so concurrent or
+    interrupted runs never see a partial tokenizer.
 
     Returns:
-        The tokenizer, whose model lives at ``<cache_dir>/tokenizers/<key>/spm.model``.
+        A sentencepiece :class:`Tokenizer` (model at ``<cache_dir>/tokenizers/<key>/spm.model``) or a
+        :class:`~kpca.language_model.word_tokenizer.WordTokenizer` (``.../<key>/vocab.txt``).
+
+    Raises:
+        ValueError: for ``word``, when the vocabulary's size is not ``config.vocab_size`` (names the size).
     """
-    key_source = {"train": file_digest(train_file), "sentencepiece": spm.__version__, **asdict(config)}
+    if config.kind == "word":
+        return build_word_tokenizer(train_file, config.vocab_size, config.min_freq, cache_dir)
+    settings = {
+        "vocab_size": config.vocab_size,
+        "model_type": config.model_type,
+        "max_sentences": config.max_sentences,
+        "character_coverage": config.character_coverage,
+    }
+    key_source = {"train": file_digest(train_file), "sentencepiece": spm.__version__, **settings}
     key = hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(cache_dir).expanduser() / "tokenizers" / f"{config.model_type}{config.vocab_size}-{key}"
     model_file = folder / "spm.model"
