@@ -1,5 +1,6 @@
 """The language-model demo: its report from test and predict outputs, and (slow) a whole tiny run through the CLI."""
 
+import csv
 import json
 import sys
 from pathlib import Path
@@ -58,4 +59,9 @@ def test_demo_end_to_end_on_a_tiny_budget(tmp_path: Path, lm_cache_dir: Path):
     for name in ("valid", "valid_wordswap", "test", "test_wordswap"):
         assert f"| {name} |" in text
     assert text.count("    A function is") == 2  # one sample per model for each prompt
+    assert "## Results (`kpca-report" in text
+    with open(tmp_path / "comparison.csv") as f:  # kpca-report: one row per model, word-level ppl per set
+        rows = {row["kind"]: row for row in csv.DictReader(f)}
+    assert sorted(rows) == ["rpc", "symmetric"]
+    assert all(float(row["test/ppl"]) > 1 and float(row["test_wordswap/ppl"]) > 1 for row in rows.values())
     assert len(list(tmp_path.glob("*/version_*/checkpoints/best-*.ckpt"))) == 2

@@ -42,5 +42,12 @@ def test_demo_end_to_end_on_a_tiny_budget(tmp_path: Path, seg_cache_dir: Path):
             ]
         )  # fmt: skip
     assert "| clean |" in report.read_text() and (tmp_path / "predictions.png").stat().st_size > 0
-    with open(tmp_path / "comparison.csv") as f:
+    with open(tmp_path / "per_set.csv") as f:
         assert [row["set"] for row in csv.DictReader(f)] == ["clean", "contrast/1", "contrast/mean", "all corruptions"]
+    with open(tmp_path / "comparison.csv") as f:  # kpca-report: one row per model
+        rows = {row["kind"]: row for row in csv.DictReader(f)}
+    assert sorted(rows) == ["rpc", "symmetric"] and all(row["status"] == "complete" for row in rows.values())
+    per_set = demo.read_results(next((tmp_path / "rpc").glob("version_*/segmentation.csv")).parent)
+    assert float(rows["rpc"]["clean/mIoU"]) == pytest.approx(per_set["clean"])
+    assert float(rows["rpc"]["corrupted/mIoU"]) == pytest.approx(per_set["all corruptions"])
+    assert "## Results (`kpca-report" in report.read_text()

@@ -2,8 +2,8 @@
 
 Both models train through the real ``language-model`` CLI from ``configs/language_model/demo.yaml``;
 each is tested from its best checkpoint (word- and token-level perplexity of valid and test, clean
-and with 1.5% of non-stopwords swapped for "AAA") and continues the prompts; the results are
-merged into one Markdown report.
+and with 1.5% of non-stopwords swapped for "AAA") and continues the prompts; ``kpca-report``
+(:mod:`kpca.training.compare`) puts both side by side, and the report adds the details and samples.
 
     python -m kpca.language_model.demo --out runs/demo-lm
 """
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from kpca.language_model.cli import main
+from kpca.training.compare import compare
 from kpca.training.files import write_atomic
 
 logger = logging.getLogger("kpca.language_model.demo")
@@ -27,8 +28,8 @@ KINDS = ("symmetric", "rpc")
 LABELS = {"symmetric": "symmetric softmax", "rpc": "RPC (2 PAP iterations, all blocks)"}
 
 
-def train_test_sample(kind: str, configs: Path, out: Path, extra: list[str]) -> tuple[Path, Path]:
-    """Fit one model, then test and sample from its best checkpoint; return the (test, predict) log dirs."""
+def train_test_sample(kind: str, configs: Path, out: Path, extra: list[str]) -> tuple[Path, Path, Path]:
+    """Fit one model, then test and sample from its best checkpoint; return the (fit, test, predict) log dirs."""
     common = [
         "-c", str(configs / "trainer" / "cpu.yaml"),
         "-c", str(configs / "language_model" / "demo.yaml"),
@@ -43,7 +44,7 @@ def train_test_sample(kind: str, configs: Path, out: Path, extra: list[str]) -> 
     logger.info("%s: best checkpoint %s (val/ppl %.2f)", kind, checkpoint.best_model_path, checkpoint.best_model_score)
     test = main(["test", *common, f"--ckpt_path={checkpoint.best_model_path}"])
     predict = main(["predict", *common, f"--ckpt_path={checkpoint.best_model_path}"])
-    return Path(test.trainer.log_dir), Path(predict.trainer.log_dir)
+    return Path(fit.trainer.log_dir), Path(test.trainer.log_dir), Path(predict.trainer.log_dir)
 
 
 def read_perplexities(log_dir: Path) -> dict[str, dict[str, float]]:
@@ -101,14 +102,18 @@ def run(argv: list[str] | None = None) -> Path:
     """Train, test and sample both models; return the path of the Markdown report."""
     args, extra = parse_args(argv)
     start = time.perf_counter()
-    results, samples = {}, {}
+    results, samples, fit_dirs = {}, {}, []
     for kind in KINDS:
-        test_dir, predict_dir = train_test_sample(kind, args.configs, args.out, extra)
+        fit_dir, test_dir, predict_dir = train_test_sample(kind, args.configs, args.out, extra)
         results[kind], samples[kind] = read_perplexities(test_dir), read_samples(predict_dir)
+        fit_dirs.append(fit_dir)
     text = markdown(results, samples, time.perf_counter() - start)
+    comparison = compare(args.out, "language_model", args.out, only=fit_dirs)
     report = args.out / "report.md"
     title = "# Symmetric vs RPC language models on the built-in corpus"
-    write_atomic(report, lambda f: f.write(f"{title}\n\n{text}"), mode="w", encoding="utf-8")
+    summary = f"## Results (`kpca-report {args.out} --task language_model`)\n\n{comparison.read_text(encoding='utf-8')}"
+    page = f"{title}\n\n{summary}\n## Details\n\n{text}"
+    write_atomic(report, lambda f: f.write(page), mode="w", encoding="utf-8")
     logger.info("\n%s", text)
     logger.info("report: %s | TensorBoard: tensorboard --logdir %s", report, args.out)
     return report

@@ -2,8 +2,9 @@
 
 Both tiny models train through the real ``segmentation`` CLI from ``configs/segmentation/demo_synthetic.yaml``
 (mmseg's ADE20K dataset and pipelines on a synthetic set in the ADE20K layout), are tested from their best
-checkpoint on the clean and corrupted validation sets (sliding windows, mIoU over the 150 classes), and the two
-reports are merged into ``report.md`` (and ``comparison.{md,csv}``) with a PNG of predictions.
+checkpoint on the clean and corrupted validation sets (sliding windows, mIoU over the 150 classes), and compared
+by ``kpca-report`` (:mod:`kpca.training.compare`: ``comparison.{md,csv,png}``). ``report.md`` holds that table,
+the mIoU of both models per evaluation set (``per_set.{md,csv}``) and a PNG of predictions.
 
     python -m kpca.segmentation.demo --out runs/demo-seg
 """
@@ -26,6 +27,7 @@ import torch  # noqa: E402
 from kpca.segmentation.callbacks import overlay  # noqa: E402
 from kpca.segmentation.cli import SegmentationCLI, main  # noqa: E402
 from kpca.segmentation.module import SegmentationModule  # noqa: E402
+from kpca.training.compare import compare  # noqa: E402
 from kpca.training.files import write_atomic  # noqa: E402
 from kpca.training.reports import write_report  # noqa: E402
 
@@ -36,7 +38,10 @@ LABELS = {"symmetric": "Segmenter (symmetric)", "rpc": "RPC-Segmenter (6 PAP ite
 
 
 def train_and_test(kind: str, configs: Path, out: Path, extra: list[str]) -> tuple[SegmentationCLI, Path, Path]:
-    """Fit one model and test its best checkpoint; returns the fit CLI, the checkpoint and the test log dir."""
+    """Fit one model and test its best checkpoint; returns the fit CLI, the checkpoint and the test log dir.
+
+    The fit's run folder is the checkpoint's ``parent.parent``.
+    """
     common = [
         "-c", str(configs / "trainer" / "cpu.yaml"),
         "-c", str(configs / "segmentation" / "demo_synthetic.yaml"),
@@ -141,9 +146,14 @@ def run(argv: list[str] | None = None) -> Path:
     report, figure = args.out / "report.md", args.out / "predictions.png"
     plot_predictions(fit, checkpoints, figure)
     text = markdown(rows, time.perf_counter() - start)
+    comparison = compare(args.out, "segmentation", args.out, only=[c.parent.parent for c in checkpoints.values()])
+    write_report(rows, args.out, "per_set")  # per_set.md and per_set.csv
     title = "# Segmenter vs RPC-Segmenter on the built-in synthetic ADE20K (mIoU over 150 classes, %)"
-    write_atomic(report, lambda f: f.write(f"{title}\n\n{text}\n![predictions]({figure.name})\n"), mode="w")
-    write_report(rows, args.out, "comparison")  # comparison.md and comparison.csv
+    page = (
+        f"{title}\n\n## Results (`kpca-report {args.out} --task segmentation`)\n\n"
+        f"{comparison.read_text(encoding='utf-8')}\n## Per evaluation set\n\n{text}\n![predictions]({figure.name})\n"
+    )
+    write_atomic(report, lambda f: f.write(page), mode="w", encoding="utf-8")
     logger.info("\n%s", text)
     logger.info("report: %s | predictions: %s | TensorBoard: tensorboard --logdir %s", report, figure, args.out)
     return report
