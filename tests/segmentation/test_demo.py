@@ -6,6 +6,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
 from kpca.segmentation import demo
 from kpca.segmentation.evaluation import write_reports
@@ -51,3 +52,8 @@ def test_demo_end_to_end_on_a_tiny_budget(tmp_path: Path, seg_cache_dir: Path):
     assert float(rows["rpc"]["clean/mIoU"]) == pytest.approx(per_set["clean"])
     assert float(rows["rpc"]["corrupted/mIoU"]) == pytest.approx(per_set["all corruptions"])
     assert "## Results (`kpca-report" in report.read_text()
+    for kind in ("symmetric", "rpc"):  # symmetric projections (K, V rows only) in every encoder and decoder block
+        (best,) = tmp_path.glob(f"{kind}/version_*/checkpoints/best-*.ckpt")
+        state = torch.load(best, weights_only=True)["state_dict"]
+        rows = {k: w.shape[0] for k, w in state.items() if k.endswith("attn.qkv.weight")}
+        assert len(rows) == 4 + 2 and set(rows.values()) == {2 * 96}, (kind, rows)

@@ -5,6 +5,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
 from kpca.vision_cls import demo
 
@@ -27,9 +28,8 @@ def test_curves_start_from_clean_accuracy():
     assert eps == [0.0, 1.0, 2.0, 4.0] and acc == [0.9, 0.4, 0.2, 0.1]
 
 
-def test_markdown_names_the_winner_of_each_headline():
-    text = demo.markdown({"symmetric": results(0.9, 0.7, 0.4), "rpc": results(0.8, 0.75, 0.4)})
-    assert "| clean/acc1 | 0.9000 | 0.8000 | -0.1000 |" in text
+def test_headlines_name_the_winner_of_each():
+    text = demo.headlines({"symmetric": results(0.9, 0.7, 0.4), "rpc": results(0.8, 0.75, 0.4)})
     assert "- clean accuracy: SymViT 0.9000, RPC-SymViT 0.8000 (SymViT higher by 0.1000)" in text
     assert "- mean corrupted accuracy: SymViT 0.7000, RPC-SymViT 0.7500 (RPC-SymViT higher by 0.0500)" in text
     assert "FGSM accuracy, mean over radii: SymViT 0.2333, RPC-SymViT 0.2333 (neither higher" in text
@@ -49,7 +49,7 @@ def test_demo_end_to_end_on_a_tiny_budget(tmp_path: Path, digits_cache_dir: Path
         report = demo.run(
             [
                 f"--out={tmp_path}", f"--configs={configs}", f"--data.cache_dir={digits_cache_dir}",
-                "--model.net.init_args.embed_dim=32", "--model.net.init_args.depth=1",
+                "--model.net.init_args.embed_dim=32", "--model.net.init_args.depth=2",
                 "--model.net.init_args.num_heads=2", "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
                 "--trainer.log_every_n_steps=1", "--data.eval_subset=16", "--data.corruptions=[gaussian_noise]",
                 '--model.evaluator.attacks=[{"name": "fgsm", "eps": [0.0627451]},'
@@ -58,10 +58,30 @@ def test_demo_end_to_end_on_a_tiny_budget(tmp_path: Path, digits_cache_dir: Path
         )  # fmt: skip
     assert report == tmp_path / "report.md"
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    rows = [line.split("|")[1:-1] for line in report.read_text().splitlines() if line.startswith("| ")]
-    assert [cell.strip() for cell in rows[0]] == ["metric", "SymViT", "RPC-SymViT", "RPC - Sym"]
-    table = {cells[0].strip(): (float(cells[1]), float(cells[2])) for cells in rows[2:]}  # after the "---" row
-    expected = {"clean/acc1", "corrupted/mean_acc1", "corrupted/gaussian_noise/s5/acc1", "attack/pgd-pixel/eps16/acc1"}
-    assert expected <= table.keys()
-    assert all(0.0 <= value <= 1.0 for pair in table.values() for value in pair), table
+    text = report.read_text()
+    comparison, _, kernel_pca = text.partition("## Kernel-PCA diagnostics")
+    rows = [line.split("|")[1:-1] for line in comparison.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in rows[0]]
+    assert header[:3] == ["model", "seeds", "clean/acc1"] and "attack/pgd-pixel/eps16/acc1" in header
+    table = {cells[0].strip(): [float(c) for c in cells[2:]] for cells in rows[2:]}  # after the "---" row
+    assert sorted(table) == ["rpc n_iter=4 lambd=4.0 layers=[0]", "symmetric"]
+    assert all(0.0 <= value <= 1.0 for values in table.values() for value in values), table
+    assert "What the data shows:" in comparison
+    layers = [
+        line.split("|")[1:3] for line in kernel_pca.splitlines() if line.startswith("| ") and "vit.blocks" in line
+    ]
+    assert [(m.strip(), layer.strip()) for m, layer in layers] == [
+        ("SymViT", "vit.blocks.0"),
+        ("SymViT", "vit.blocks.1"),
+        ("RPC-SymViT (4 PAP iterations, block 0)", "vit.blocks.0"),
+        ("RPC-SymViT (4 PAP iterations, block 0)", "vit.blocks.1"),
+    ]
+    assert (tmp_path / "kernel_pca.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list(tmp_path.glob("*/version_*/checkpoints/best-*.ckpt"))) == 2
+    for kind in ("symmetric", "rpc"):  # both models are symmetric in every block (K, V rows only): SymViT's twin
+        (best,) = tmp_path.glob(f"{kind}/version_*/checkpoints/best-*.ckpt")
+        checkpoint = torch.load(best, weights_only=True)
+        rows = [w.shape[0] for k, w in checkpoint["state_dict"].items() if k.endswith("attn.qkv.weight")]
+        assert rows == [2 * 32, 2 * 32], (kind, rows)
+        layers = checkpoint["hyper_parameters"]["net"]["init_args"]["attention"]["layers"]
+        assert layers == ("all" if kind == "symmetric" else [0])

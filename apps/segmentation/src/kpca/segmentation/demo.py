@@ -35,6 +35,7 @@ logger = logging.getLogger("kpca.segmentation.demo")
 
 KINDS = ("symmetric", "rpc")
 LABELS = {"symmetric": "Segmenter (symmetric)", "rpc": "RPC-Segmenter (6 PAP iterations, enc. + dec. block 0)"}
+LAYERS = {"symmetric": "all", "rpc": "[0]"}  # symmetric: every block; RPC: PAP in block 0, symmetric elsewhere
 
 
 def train_and_test(kind: str, configs: Path, out: Path, extra: list[str]) -> tuple[SegmentationCLI, Path, Path]:
@@ -48,7 +49,9 @@ def train_and_test(kind: str, configs: Path, out: Path, extra: list[str]) -> tup
         f"--trainer.logger.init_args.save_dir={out}",
         f"--trainer.logger.init_args.name={kind}",
         f"--model.net.init_args.attention.kind={kind}",
+        f"--model.net.init_args.attention.layers={LAYERS[kind]}",
         f"--model.net.init_args.decoder_attention.kind={kind}",
+        f"--model.net.init_args.decoder_attention.layers={LAYERS[kind]}",
         "--trainer.enable_progress_bar=false",
         *extra,
     ]  # fmt: skip

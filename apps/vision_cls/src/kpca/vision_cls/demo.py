@@ -2,7 +2,9 @@
 
 Both models train through the real ``vision-cls`` CLI from ``configs/vision_cls/demo_digits.yaml``,
 are tested from their best checkpoint (clean accuracy, 6 corruptions x 5 severities, FGSM and PGD
-at 5 radii), and the two reports are merged into one Markdown table and one PNG plot.
+at 5 radii), compared side by side by ``kpca-report`` (:mod:`kpca.training.compare`) and analysed
+as kernel PCA (:mod:`kpca.training.kernel_pca`, on 32 validation digits); ``report.md`` holds the
+comparison, the headlines and the kernel-PCA section, with ``report.png`` and ``kernel_pca.png``.
 
     python -m kpca.vision_cls.demo --out runs/demo
 """
@@ -13,6 +15,7 @@ import argparse
 import csv
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -20,7 +23,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
 
+from kpca.training.compare import compare  # noqa: E402
 from kpca.training.files import write_atomic  # noqa: E402
+from kpca.training.kernel_pca import LayerAnalysis, analysis_markdown, analyze_network, write_analysis  # noqa: E402
+from kpca.training.trainer import first_inputs  # noqa: E402
 from kpca.vision_cls.cli import main  # noqa: E402
 
 logger = logging.getLogger("kpca.vision_cls.demo")
@@ -28,16 +34,29 @@ logger = logging.getLogger("kpca.vision_cls.demo")
 KINDS = ("symmetric", "rpc")
 LABELS = {"symmetric": "SymViT", "rpc": "RPC-SymViT (4 PAP iterations, block 0)"}
 COLORS = {"symmetric": "tab:blue", "rpc": "tab:orange"}
+LAYERS = {"symmetric": "all", "rpc": "[0]"}  # SymViT: every block; RPC-SymViT: PAP in block 0, symmetric elsewhere
+ANALYSED_DIGITS = 32
 
 
-def train_and_test(kind: str, configs: Path, out: Path, extra: list[str]) -> Path:
-    """Fit one model, test its best checkpoint, and return the test run's log dir (with the reports)."""
+@dataclass
+class DemoRun:
+    """One model's fit folder, test folder, test results and kernel-PCA analysis."""
+
+    fit_dir: Path
+    test_dir: Path
+    results: dict[str, float]
+    analysis: list[LayerAnalysis]
+
+
+def train_and_test(kind: str, configs: Path, out: Path, extra: list[str]) -> DemoRun:
+    """Fit one model, test its best checkpoint and analyse it as kernel PCA on the first validation digits."""
     common = [
         "-c", str(configs / "trainer" / "cpu.yaml"),
         "-c", str(configs / "vision_cls" / "demo_digits.yaml"),
         f"--trainer.logger.init_args.save_dir={out}",
         f"--trainer.logger.init_args.name={kind}",
         f"--model.net.init_args.attention.kind={kind}",
+        f"--model.net.init_args.attention.layers={LAYERS[kind]}",
         "--trainer.enable_progress_bar=false",
         *extra,
     ]  # fmt: skip
@@ -45,7 +64,10 @@ def train_and_test(kind: str, configs: Path, out: Path, extra: list[str]) -> Pat
     best = fit.trainer.checkpoint_callback.best_model_path
     logger.info("%s: best checkpoint %s (val/acc1 %.4f)", kind, best, fit.trainer.checkpoint_callback.best_model_score)
     test = main(["test", *common, f"--ckpt_path={best}"])
-    return Path(test.trainer.log_dir)
+    digits = first_inputs(test.datamodule, "val", ANALYSED_DIGITS)
+    analysis = analyze_network(test.model.net, digits)  # the tested (best) weights
+    test_dir = Path(test.trainer.log_dir)
+    return DemoRun(Path(fit.trainer.log_dir), test_dir, read_results(test_dir), analysis)
 
 
 def read_results(log_dir: Path) -> dict[str, float]:
@@ -90,19 +112,17 @@ def plot(all_results: dict[str, dict[str, float]], path: Path) -> None:
     plt.close(fig)
 
 
-def markdown(all_results: dict[str, dict[str, float]]) -> str:
-    """One table (metric, SymViT, RPC-SymViT, difference) and a line per headline saying which model wins."""
+def headlines(all_results: dict[str, dict[str, float]]) -> str:
+    """A line per headline (clean, corrupted, FGSM, PGD) saying which model wins and by how much."""
     sym, rpc = all_results["symmetric"], all_results["rpc"]
-    lines = ["| metric | SymViT | RPC-SymViT | RPC - Sym |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {k} | {sym[k]:.4f} | {rpc[k]:.4f} | {rpc[k] - sym[k]:+.4f} |" for k in sym if k in rpc]
-    headlines = {
+    groups = {
         "clean accuracy": ("clean/acc1",),
         "mean corrupted accuracy": ("corrupted/mean_acc1",),
         "FGSM accuracy, mean over radii": tuple(k for k in sym if k.startswith("attack/fgsm")),
         "PGD accuracy, mean over radii": tuple(k for k in sym if k.startswith("attack/pgd")),
     }
-    lines += ["", "What the data shows:", ""]
-    for name, keys in headlines.items():
+    lines = ["What the data shows:", ""]
+    for name, keys in groups.items():
         s, r = (sum(res[k] for k in keys) / len(keys) for res in (sym, rpc))
         winner = "RPC-SymViT" if r > s else "SymViT" if s > r else "neither"
         lines.append(f"- {name}: SymViT {s:.4f}, RPC-SymViT {r:.4f} ({winner} higher by {abs(r - s):.4f})")
@@ -118,15 +138,24 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def run(argv: list[str] | None = None) -> Path:
-    """Train, test and compare both models; return the path of the Markdown report."""
+    """Train, test, compare and analyse both models; return the path of the Markdown report."""
     args, extra = parse_args(argv)
-    all_results = {kind: read_results(train_and_test(kind, args.configs, args.out, extra)) for kind in KINDS}
+    runs = {kind: train_and_test(kind, args.configs, args.out, extra) for kind in KINDS}
+    all_results = {kind: run.results for kind, run in runs.items()}
     report, figure = args.out / "report.md", args.out / "report.png"
     plot(all_results, figure)
-    text = markdown(all_results)
-    page = f"# SymViT vs RPC-SymViT on the built-in digits\n\n![accuracy]({figure.name})\n\n{text}"
+    comparison = compare(args.out, "vision_cls", args.out, only=[run.fit_dir for run in runs.values()])
+    analyses = {LABELS[kind]: run.analysis for kind, run in runs.items()}
+    write_analysis(analyses, args.out, "kernel_pca")
+    text = f"{comparison.read_text(encoding='utf-8')}\n{headlines(all_results)}"
+    page = (
+        f"# SymViT vs RPC-SymViT on the built-in digits\n\n![accuracy]({figure.name})\n\n"
+        f"## Results (`kpca-report {args.out} --task vision_cls`)\n\n{text}\n"
+        f"## Kernel-PCA diagnostics ({ANALYSED_DIGITS} validation digits, best checkpoints)\n\n"
+        f"![kernel PCA](kernel_pca.png)\n\n{analysis_markdown(analyses)}"
+    )
     write_atomic(report, lambda f: f.write(page), mode="w", encoding="utf-8")
-    logger.info("\n%s", text)
+    logger.info("\n%s", page)
     logger.info("report: %s | plot: %s | TensorBoard: tensorboard --logdir %s", report, figure, args.out)
     return report
 

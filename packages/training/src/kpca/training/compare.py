@@ -322,8 +322,21 @@ def comparison_figure(models: Sequence[Model], columns: Sequence[str]):
     return fig
 
 
-def compare(root: str | Path, task: str, out_dir: str | Path | None = None, name: str = "comparison") -> Path:
+def compare(
+    root: str | Path,
+    task: str,
+    out_dir: str | Path | None = None,
+    name: str = "comparison",
+    only: Iterable[str | Path] | None = None,
+) -> Path:
     """Collect the runs under ``root`` and write ``<name>.md``, ``.csv`` and ``.png`` into ``out_dir`` (default root).
+
+    Args:
+        root: folder searched for run folders.
+        task: a key of :data:`TASKS`.
+        out_dir: output folder, default ``root``.
+        name: file stem of the outputs.
+        only: keep just these run folders (training runs, or standalone evaluations), e.g. a demo's own runs.
 
     Returns:
         The Markdown file.
@@ -334,6 +347,9 @@ def compare(root: str | Path, task: str, out_dir: str | Path | None = None, name
     if task not in TASKS:
         raise ValueError(f"--task must be one of {sorted(TASKS)}, got {task!r}")
     runs = collect_runs(root, TASKS[task])
+    if only is not None:
+        keep = {Path(folder).resolve() for folder in only}
+        runs = [run for run in runs if run.folder.resolve() in keep]
     if not runs:
         raise ValueError(f"no run under {root}: expected folders with a LightningCLI config.yaml (e.g. runs/)")
     models, incomplete = group_runs(runs)

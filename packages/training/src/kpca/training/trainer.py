@@ -57,7 +57,7 @@ class ProjectTrainer(pl.Trainer):
             checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
             model.load_state_dict(checkpoint["state_dict"])
             logger.info("analyze: weights of %s (step %s)", ckpt_path, checkpoint.get("global_step"))
-        inputs = _first_inputs(datamodule, split, samples)
+        inputs = first_inputs(datamodule, split, samples)
         net = getattr(model, "net", model).to(self.strategy.root_device)
         results = analyze_network(net, inputs.to(self.strategy.root_device))
         folder = Path(out_dir) if out_dir else _default_out_dir(ckpt_path, self.default_root_dir)
@@ -66,7 +66,7 @@ class ProjectTrainer(pl.Trainer):
         return md_path
 
 
-def _first_inputs(datamodule: pl.LightningDataModule, split: str, samples: int) -> torch.Tensor:
+def first_inputs(datamodule: pl.LightningDataModule, split: str, samples: int) -> torch.Tensor:
     """The first ``samples`` network inputs of the datamodule's ``split`` loader (its first one, if several)."""
     datamodule.prepare_data()  # as Lightning does before a stage: built-in data is written here
     datamodule.setup("fit" if split == "train" else "validate")
