@@ -140,8 +140,8 @@ def export_timm(classifier, out_dir: str | Path) -> Path:
         "pretrained_cfg": _pretrained_cfg(
             num_classes=vit.num_classes,
             input_size=(3, img_size, img_size),
-            mean=tuple(classifier.mean.flatten().tolist()),
-            std=tuple(classifier.std.flatten().tolist()),
+            mean=_decimal(classifier.mean),
+            std=_decimal(classifier.std),
         ),
     }
     tensors = {name: t.detach().cpu().contiguous() for name, t in vit.state_dict().items()}
@@ -152,6 +152,11 @@ def export_timm(classifier, out_dir: str | Path) -> Path:
 
     write_tree_atomic(folder, "config.json", write, what="timm export")
     return folder
+
+
+def _decimal(values) -> tuple[float, ...]:
+    """A float32 buffer's values as the decimals they were configured with (0.485, not 0.48500001430511475)."""
+    return tuple(float(f"{v:.7g}") for v in values.flatten().tolist())
 
 
 def load_exported(folder: str | Path, **kwargs) -> VisionTransformer:
