@@ -6,11 +6,10 @@ import logging
 from pathlib import Path
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.cli import ArgsType
 
 from kpca.training.cli import ProjectCLI
-from kpca.training.trainer import ProjectTrainer
+from kpca.training.trainer import ProjectTrainer, load_checkpoint_weights
 from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.module import ClassificationModule
@@ -42,7 +41,7 @@ class VisionTrainer(ProjectTrainer):
             ckpt_path: the checkpoint whose weights are exported; None exports the initial weights.
         """
         if ckpt_path is not None:
-            model.load_state_dict(torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"])
+            load_checkpoint_weights(model, ckpt_path)
         folder = export_timm(model.net, out_dir)
         logger.info("export: %s -> %s (timm.create_model('local-dir:%s', pretrained=True))", ckpt_path, folder, folder)
         return folder

@@ -112,6 +112,11 @@ def feature_gram(k: torch.Tensor, *, scale: float | None = None, centred: bool =
     return (gram + gram.transpose(-2, -1)) / 2  # exact symmetry for eigh
 
 
+def _feature_scaled_values(k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """â = G V: each value row times g(k_j), in float64: (B, H, N, Dv)."""
+    return torch.exp(log_normaliser(k, k, scale=scale))[..., None] * v.double()
+
+
 def projection_loss(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None, is_causal: bool = False
 ) -> torch.Tensor:
@@ -167,7 +172,7 @@ def eigenvector_test(
     _check_values(k, v)
     n = k.shape[-2]
     gram = feature_gram(k, scale=scale) if gram is None else gram
-    a_hat = torch.exp(log_normaliser(k, k, scale=scale))[..., None] * v.double()  # G V, (B, H, N, Dv)
+    a_hat = _feature_scaled_values(k, v, scale)  # G V, (B, H, N, Dv)
     gamma = (gram @ a_hat) / (n * a_hat)  # (B, H, N, Dv)
     spread_mean, spread_std = _pairwise_spread(gamma.transpose(-2, -1))  # (B, H, Dv) each
     return EigenvectorTest(spread_mean, spread_std, gamma.mean(-2))
@@ -190,7 +195,7 @@ def value_alignment(
     _checks.check_qkv(k=k)
     _check_values(k, v)
     gram = feature_gram(k, scale=scale) if gram is None else gram
-    a_hat = torch.exp(log_normaliser(k, k, scale=scale))[..., None] * v.double()  # (B, H, N, Dv)
+    a_hat = _feature_scaled_values(k, v, scale)  # G V, (B, H, N, Dv)
     a_hat = a_hat - a_hat.mean(-2, keepdim=True)
     top = torch.linalg.eigh(gram).eigenvectors.flip(-1)[..., : v.shape[-1]]  # (B, H, N, Dv)
     inside = (top.transpose(-2, -1) @ a_hat).square().sum((-2, -1))

@@ -355,8 +355,8 @@ def compare(
     models, incomplete = group_runs(runs)
     columns = shown_columns(models, TASKS[task])
     out = Path(out_dir) if out_dir is not None else Path(root)
-    md_path, _ = write_report(comparison_rows(models, incomplete, columns), out, name)
-    write_atomic(md_path, lambda f: f.write(comparison_markdown(models, incomplete, columns)), "w", encoding="utf-8")
+    markdown = comparison_markdown(models, incomplete, columns)
+    md_path, _ = write_report(comparison_rows(models, incomplete, columns), out, name, markdown=markdown)
     if models:
         from matplotlib import pyplot as plt
 

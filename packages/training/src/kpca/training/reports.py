@@ -30,7 +30,12 @@ def markdown_table(rows: Sequence[Mapping[str, object]]) -> str:
 
 
 def write_report(
-    rows: Sequence[Mapping[str, object]], out_dir: str | os.PathLike[str], name: str, *, show: bool = False
+    rows: Sequence[Mapping[str, object]],
+    out_dir: str | os.PathLike[str],
+    name: str,
+    *,
+    show: bool = False,
+    markdown: str | None = None,
 ) -> tuple[Path, Path]:
     """Write rows as a Markdown table ``<name>.md`` and a CSV ``<name>.csv`` with the same columns, atomically.
 
@@ -44,6 +49,7 @@ def write_report(
         out_dir: output folder, created if needed.
         name: file stem: letters, digits, ``.``, ``_``, ``-``; no path separators.
         show: also log the Markdown table at INFO (the console table of ``test``).
+        markdown: the text of ``<name>.md`` when it is not the rows' table (e.g. formatted cells, notes).
 
     Returns:
         ``(markdown_path, csv_path)``.
@@ -53,7 +59,7 @@ def write_report(
     columns = _columns(rows)
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    markdown = markdown_table(rows)
+    markdown = markdown_table(rows) if markdown is None else markdown
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, restval="", lineterminator="\n")
     writer.writeheader()

@@ -54,9 +54,8 @@ class ProjectTrainer(pl.Trainer):
         if datamodule is None:
             raise ValueError("analyze needs a datamodule (the app's data: section) to draw its inputs from")
         if ckpt_path is not None:
-            checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-            model.load_state_dict(checkpoint["state_dict"])
-            logger.info("analyze: weights of %s (step %s)", ckpt_path, checkpoint.get("global_step"))
+            step = load_checkpoint_weights(model, ckpt_path)
+            logger.info("analyze: weights of %s (step %s)", ckpt_path, step)
         inputs = first_inputs(datamodule, split, samples)
         net = getattr(model, "net", model).to(self.strategy.root_device)
         results = analyze_network(net, inputs.to(self.strategy.root_device))
@@ -64,6 +63,13 @@ class ProjectTrainer(pl.Trainer):
         md_path, _, _ = write_analysis({type(net).__name__: results}, folder)
         logger.info("analyze: %d attention layers on %d %s inputs -> %s", len(results), len(inputs), split, md_path)
         return md_path
+
+
+def load_checkpoint_weights(model: pl.LightningModule, ckpt_path: str) -> int | None:
+    """Load the weights of one of the app's checkpoints into ``model`` (safely: ``weights_only``); its step."""
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    model.load_state_dict(checkpoint["state_dict"])
+    return checkpoint.get("global_step")
 
 
 def first_inputs(datamodule: pl.LightningDataModule, split: str, samples: int) -> torch.Tensor:
