@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -11,6 +12,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
 from kpca.attention import RPCAttention
@@ -237,3 +239,56 @@ class HParamsSummary(pl.Callback):
                 params = {k: v for k, v in lg.hparams.items() if not k.startswith("_")}  # not _instantiator
                 params["seed"] = os.environ.get("PL_GLOBAL_SEED", "none")
                 lg.log_hyperparams(params, metrics, step=trainer.global_step)
+
+
+class DeferredSlurmRequeue(pl.Callback):
+    """Run Lightning's SLURM auto-requeue at the next batch boundary instead of inside the signal handler.
+
+    Lightning saves the hpc checkpoint, finalises the loggers and calls ``scontrol requeue`` inside the
+    SIGUSR1 handler, which Python runs between any two bytecodes: when the signal lands while the main
+    thread holds a lock that the handler needs (a logger's writer, a file being written), the job hangs
+    until SLURM kills it, without a checkpoint (Lightning issue #21406; seen here once in CI). From
+    ``on_train_start`` on, the signal only sets a flag; Lightning's own handler then runs after the
+    current training or validation batch. Under DDP the flag is reduced over ranks (any rank signalled),
+    so every rank saves at the same batch. Nothing changes outside SLURM auto-requeue.
+    """
+
+    def __init__(self) -> None:
+        self._signal: int | None = None
+        self._lightning_handler: Callable | None = None
+        self._pending = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Put the flag-setting handler in front of Lightning's requeue handler (registered just before)."""
+        environment = trainer._accelerator_connector.cluster_environment
+        if not isinstance(environment, SLURMEnvironment) or not environment.auto_requeue:
+            return
+        requeue_signal = environment.requeue_signal
+        handler = signal.getsignal(requeue_signal)
+        if not callable(handler) or handler is self._defer:
+            return
+        self._signal, self._lightning_handler, self._pending = requeue_signal, handler, False
+        signal.signal(requeue_signal, self._defer)
+
+    def _defer(self, signum: int, frame: object) -> None:
+        self._pending = True
+
+    def _requeue_if_signalled(self, trainer: pl.Trainer) -> None:
+        if self._lightning_handler is None:
+            return
+        if trainer.strategy.reduce_boolean_decision(self._pending, all=False):
+            self._pending = False
+            self._lightning_handler(self._signal, None)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """Requeue after a training batch if the signal came."""
+        self._requeue_if_signalled(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """Requeue after a validation batch of ``fit`` if the signal came."""
+        if trainer.state.fn == "fit":
+            self._requeue_if_signalled(trainer)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Forget the handler (Lightning restores the process's own handlers at teardown)."""
+        self._lightning_handler = None

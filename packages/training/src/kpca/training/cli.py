@@ -3,6 +3,7 @@
 It adds a ``checkpoint`` ModelCheckpoint (best by the app's metric, plus a ``last.ckpt`` rewritten at every
 save point, see :class:`kpca.training.callbacks.Checkpoint`), the RPC diagnostics callback, the kernel-PCA
 monitor (``--kernel_pca.every_n_epochs``, off by default), the HParams summary of each run's final metrics,
+the SLURM requeue moved out of the signal handler,
 Lightning's learning-rate and throughput monitors, atomic checkpoint writes, console logging for the ``kpca``
 loggers, and saves the resolved config of each run. ``test`` prints the app's report table once instead of
 Lightning's table per dataloader. ``analyze`` writes the kernel-PCA diagnostics of a checkpoint
@@ -25,7 +26,14 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from kpca.training.callbacks import Checkpoint, HParamsSummary, NonFiniteLoss, RPCDiagnostics, Throughput
+from kpca.training.callbacks import (
+    Checkpoint,
+    DeferredSlurmRequeue,
+    HParamsSummary,
+    NonFiniteLoss,
+    RPCDiagnostics,
+    Throughput,
+)
 from kpca.training.kernel_pca import KernelPCAMonitor
 from kpca.training.resume import check_checkpoint, find_resume
 from kpca.training.trainer import ProjectTrainer
@@ -104,6 +112,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(RPCDiagnostics, "rpc_diagnostics")
         parser.add_lightning_class_args(KernelPCAMonitor, "kernel_pca")
         parser.add_lightning_class_args(HParamsSummary, "hparams_summary")
+        parser.add_lightning_class_args(DeferredSlurmRequeue, "slurm_requeue")
         parser.add_lightning_class_args(NonFiniteLoss, "nonfinite_loss")
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})

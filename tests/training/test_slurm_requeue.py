@@ -1,0 +1,65 @@
+"""DeferredSlurmRequeue: under SLURM auto-requeue the requeue signal only sets a flag; the hpc checkpoint and
+``scontrol requeue`` happen at the next batch boundary, in a real Lightning fit signalled by the real signal."""
+
+import os
+import signal
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from kpca.training.callbacks import DeferredSlurmRequeue
+
+SLURM = {
+    "SLURM_JOB_NAME": "kpca-test", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+}  # fmt: skip
+
+
+class Module(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class SignalAtStep(pl.Callback):
+    """Sends the requeue signal to this process at the start of one training batch and records what it did."""
+
+    def __init__(self, root: Path, step: int) -> None:
+        self.root, self.step, self.saved_inside_the_handler = root, step, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGUSR1)  # Python runs the handler right after this call
+            self.saved_inside_the_handler = (self.root / "hpc_ckpt_1.ckpt").exists()
+
+
+def test_the_requeue_runs_after_the_batch_not_inside_the_signal_handler(tmp_path: Path, monkeypatch):
+    record = tmp_path / "scontrol.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$*" >> {record}\nexit 0\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for key, value in SLURM.items():
+        monkeypatch.setenv(key, value)
+    before = signal.getsignal(signal.SIGUSR1)
+    probe = SignalAtStep(tmp_path, step=2)
+    trainer = pl.Trainer(
+        max_steps=5, default_root_dir=tmp_path, logger=False, enable_checkpointing=False, accelerator="cpu",
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[DeferredSlurmRequeue(), probe],
+    )  # fmt: skip
+    trainer.fit(Module(), DataLoader(TensorDataset(torch.randn(20, 4), torch.randint(0, 2, (20,))), batch_size=4))
+    assert probe.saved_inside_the_handler is False  # Lightning alone saves inside the handler: True
+    saved = torch.load(tmp_path / "hpc_ckpt_1.ckpt", weights_only=False)
+    assert saved["global_step"] == 3  # after the signalled batch (step 2) ended
+    assert record.read_text().splitlines() == ["requeue 4242"]
+    assert signal.getsignal(signal.SIGUSR1) == before  # Lightning's teardown restores the process's handler
