@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kpca.language_model.cli import LanguageModelCLI, main
-from kpca.training.kernel_pca import analyze_network
+from kpca.training.analysis import analyze_network
 from tests.cli_support import CONFIGS, run_cli, smoke_options
 
 SMOKE = CONFIGS / "language_model" / "smoke.yaml"

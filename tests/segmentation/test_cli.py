@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from kpca.segmentation.cli import SegmentationCLI, main
 from kpca.segmentation.model import Segmenter
 from kpca.segmentation.module import SegmentationModule
-from kpca.training.checkpoint_io import AtomicCheckpointIO
+from kpca.training.checkpointing.io import AtomicCheckpointIO
 from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, assert_rerun_resumes, run_cli, smoke_options
 
 pytestmark = pytest.mark.mmseg

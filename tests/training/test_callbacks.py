@@ -14,14 +14,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from kpca.attention import RPCAttention
 from kpca.training.callbacks import (
-    Checkpoint,
     NonFiniteLoss,
     RPCDiagnostics,
     Throughput,
+    layer_tag,
     rpc_layers,
-    rpc_tag,
     tensorboard_writer,
 )
+from kpca.training.checkpointing.callback import Checkpoint
 from kpca.training.cli import batch_size
 
 
@@ -74,10 +74,10 @@ def fit(tmp_path: Path, callback: pl.Callback, max_steps: int) -> dict[str, list
     return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_rpc_tag_drops_the_trailing_attn():
-    assert rpc_tag("vit.blocks.0.attn") == "vit.blocks.0"
-    assert rpc_tag("decoder.blocks.1.attn") == "decoder.blocks.1"
-    assert rpc_tag("attn_pool.proj") == "attn_pool.proj"
+def test_layer_tag_drops_the_trailing_attn():
+    assert layer_tag("vit.blocks.0.attn") == "vit.blocks.0"
+    assert layer_tag("decoder.blocks.1.attn") == "decoder.blocks.1"
+    assert layer_tag("attn_pool.proj") == "attn_pool.proj"
 
 
 def test_rpc_layers_finds_the_rpc_modules_by_path():

@@ -9,7 +9,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from kpca.training.checkpoint_io import AtomicCheckpointIO
+from kpca.training.checkpointing.io import AtomicCheckpointIO
 from kpca.training.module import NetModule
 
 

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kpca.training.cli import ProjectCLI, _version_glob
-from kpca.training.resume import (
+from kpca.training.checkpointing.resume import (
     RUN_FOLDER_KEY,
     Resume,
     check_checkpoint,
@@ -17,6 +16,7 @@ from kpca.training.resume import (
     read_step,
     record_run_folder,
 )
+from kpca.training.cli import ProjectCLI, _version_glob
 
 T0 = 1_700_000_000 * 10**9  # a fixed mtime base in ns; each test orders its files by offsets from it
 

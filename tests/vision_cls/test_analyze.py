@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from kpca.training.kernel_pca import analyze_network
+from kpca.training.analysis import analyze_network
 from kpca.vision_cls.cli import VisionCLI, main
 from tests.cli_support import CONFIGS, run_cli, smoke_options
 

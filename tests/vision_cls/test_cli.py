@@ -12,7 +12,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from kpca.training.checkpoint_io import AtomicCheckpointIO
+from kpca.training.checkpointing.io import AtomicCheckpointIO
 from kpca.vision_cls.cli import VisionCLI, main
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule

@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
 
+from kpca.segmentation.metrics import IGNORE_INDEX
 from kpca.training.callbacks import tensorboard_writer
-
-IGNORE_INDEX = 255
 
 
 def overlay(image: torch.Tensor, labels: torch.Tensor, palette: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:

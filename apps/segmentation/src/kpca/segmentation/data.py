@@ -36,7 +36,7 @@ from kpca.training.data import (
     per_device_batch_size,
     require_built,
 )
-from kpca.training.vision.corruptions import check_corruptions, corrupt_seeded
+from kpca.training.image_corruptions import check_corruptions, corrupt_seeded
 
 ADE20K_LAYOUT = (
     "root/images/{training,validation}/*.jpg and root/annotations/{training,validation}/*.png (ADEChallengeData2016)"

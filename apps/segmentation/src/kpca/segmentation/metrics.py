@@ -9,9 +9,12 @@ from __future__ import annotations
 import torch
 from torchmetrics import Metric
 
+IGNORE_INDEX = 255
+"""The label of pixels left out of losses and metrics (ADE20K's 0 "other" after ``reduce_zero_label``)."""
+
 
 def intersect_and_union(
-    pred: torch.Tensor, label: torch.Tensor, num_classes: int, ignore_index: int = 255
+    pred: torch.Tensor, label: torch.Tensor, num_classes: int, ignore_index: int = IGNORE_INDEX
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-class areas of one prediction against its label map (mmseg's ``IoUMetric.intersect_and_union``).
 
@@ -65,7 +68,7 @@ class SegmentationMetrics(Metric):
 
     full_state_update = False
 
-    def __init__(self, num_classes: int, ignore_index: int = 255) -> None:
+    def __init__(self, num_classes: int, ignore_index: int = IGNORE_INDEX) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.ignore_index = ignore_index

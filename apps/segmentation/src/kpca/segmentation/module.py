@@ -15,11 +15,9 @@ from torchmetrics import MeanMetric
 
 from kpca.segmentation.evaluation import corruption_results, write_reports
 from kpca.segmentation.inference import predict_label_map
-from kpca.segmentation.metrics import SegmentationMetrics
+from kpca.segmentation.metrics import IGNORE_INDEX, SegmentationMetrics
 from kpca.training.module import NetModule
 from kpca.training.optim import polynomial
-
-IGNORE_INDEX = 255
 
 
 def segmenter_sgd(params: Iterable) -> torch.optim.Optimizer:

@@ -8,8 +8,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 from lightning.pytorch.cli import ArgsType
 
+from kpca.training.checkpointing.weights import load_checkpoint_weights
 from kpca.training.cli import ProjectCLI
-from kpca.training.trainer import ProjectTrainer, load_checkpoint_weights
+from kpca.training.trainer import ProjectTrainer
 from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.module import ClassificationModule

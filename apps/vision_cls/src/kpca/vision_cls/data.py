@@ -49,7 +49,7 @@ from kpca.training.data import (
     per_device_batch_size,
     require_built,
 )
-from kpca.training.vision.corruptions import check_corruptions
+from kpca.training.image_corruptions import check_corruptions
 from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset

@@ -3,7 +3,7 @@
 Both models train through the real ``vision-cls`` CLI from ``configs/vision_cls/demo_digits.yaml``,
 are tested from their best checkpoint (clean accuracy, 6 corruptions x 5 severities, FGSM and PGD
 at 5 radii), compared side by side by ``kpca-report`` (:mod:`kpca.training.compare`) and analysed
-as kernel PCA (:mod:`kpca.training.kernel_pca`, on 32 validation digits); ``report.md`` holds the
+as kernel PCA (:mod:`kpca.training.analysis`, on 32 validation digits); ``report.md`` holds the
 comparison, the headlines and the kernel-PCA section, with ``report.png`` and ``kernel_pca.png``.
 
     python -m kpca.vision_cls.demo --out runs/demo
@@ -23,9 +23,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
 
+from kpca.training.analysis import LayerAnalysis, analysis_markdown, analyze_network, write_analysis  # noqa: E402
 from kpca.training.compare import compare  # noqa: E402
 from kpca.training.files import write_atomic  # noqa: E402
-from kpca.training.kernel_pca import LayerAnalysis, analysis_markdown, analyze_network, write_analysis  # noqa: E402
 from kpca.training.trainer import first_inputs  # noqa: E402
 from kpca.vision_cls.cli import main  # noqa: E402
 

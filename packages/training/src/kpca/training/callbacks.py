@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
@@ -20,36 +20,13 @@ from kpca.attention import RPCAttention
 logger = logging.getLogger(__name__)
 
 
-class Checkpoint(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` follows every save point.
-
-    Lightning 2.6 rewrites ``last.ckpt`` only at the steps where a best-k file was written, so after an epoch
-    that did not improve the monitored metric ``last.ckpt`` still holds an older state, and a preempted run
-    would resume from there and lose the epochs since. Here each save point (every epoch, or every
-    ``every_n_train_steps``) counts as saved, so ``last.ckpt`` is rewritten at each one; best-k is unchanged.
-    When :attr:`resuming` (set by ``ProjectCLI`` for a fit that resumes), continuing in the run's own
-    ``checkpoints/`` folder does not warn that the folder is not empty.
-    """
-
-    resuming: bool = False
-
-    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath) -> None:  # noqa: N802 (overrides the mangled name)
-        if not self.resuming:
-            super()._ModelCheckpoint__warn_if_dir_not_empty(dirpath)
-
-    def _save_topk_checkpoint(self, trainer, monitor_candidates) -> None:
-        super()._save_topk_checkpoint(trainer, monitor_candidates)
-        if self.save_last:
-            self._last_global_step_saved = trainer.global_step  # the condition under which Lightning writes last
-
-
 def rpc_layers(net: nn.Module) -> dict[str, RPCAttention]:
     """The RPC attention modules of ``net`` by their qualified name in ``net``."""
     return {name: m for name, m in net.named_modules() if isinstance(m, RPCAttention)}
 
 
-def rpc_tag(name: str) -> str:
-    """The log tag of an RPC layer: its path in the module's network without the trailing ``.attn``.
+def layer_tag(name: str) -> str:
+    """The log tag of an attention layer (RPC diagnostics, kernel-PCA rows): its path without the trailing ``.attn``.
 
     E.g. ``vit.blocks.0.attn`` -> ``vit.blocks.0``, ``decoder.blocks.0.attn`` -> ``decoder.blocks.0``.
     """
@@ -70,7 +47,7 @@ class RPCDiagnostics(pl.Callback):
     The PAP state is recorded only on those steps, so other steps pay nothing, and written to the loggers at
     the step it was recorded (not held until Lightning's next ``log_every_n_steps``). The layers are those of the
     LightningModule's network (``pl_module.net``, or the module itself when it has none), tagged by their
-    path in it (:func:`rpc_tag`), the same rule in every app. Keys: ``train/rpc/<tag>/nonzero_S`` and
+    path in it (:func:`layer_tag`), the same rule in every app. Keys: ``train/rpc/<tag>/nonzero_S`` and
     ``train/rpc/<tag>/residual`` (last iteration, mean over samples and heads), and
     ``train/rpc/<tag>/residual_first`` for the first iteration.
 
@@ -100,7 +77,7 @@ class RPCDiagnostics(pl.Callback):
         for name, layer in self._layers(pl_module).items():
             if not layer.record_state or layer.last_state is None:
                 continue
-            state, tag = layer.last_state, rpc_tag(name)
+            state, tag = layer.last_state, layer_tag(name)
             metrics[f"train/rpc/{tag}/nonzero_S"] = float(state.nonzero_fraction[-1].mean())
             metrics[f"train/rpc/{tag}/residual"] = float(state.residual[-1].mean())
             metrics[f"train/rpc/{tag}/residual_first"] = float(state.residual[0].mean())

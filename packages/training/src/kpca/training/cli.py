@@ -1,7 +1,7 @@
 """ProjectCLI: the LightningCLI that every app's command builds on.
 
 It adds a ``checkpoint`` ModelCheckpoint (best by the app's metric, plus a ``last.ckpt`` rewritten at every
-save point, see :class:`kpca.training.callbacks.Checkpoint`), the RPC diagnostics callback, the kernel-PCA
+save point, see :class:`kpca.training.checkpointing.callback.Checkpoint`), the RPC diagnostics callback, the kernel-PCA
 monitor (``--kernel_pca.every_n_epochs``, off by default), the HParams summary of each run's final metrics,
 the SLURM requeue moved out of the signal handler,
 Lightning's learning-rate and throughput monitors, atomic checkpoint writes, console logging for the ``kpca``
@@ -9,7 +9,7 @@ loggers, and saves the resolved config of each run. ``test`` prints the app's re
 Lightning's table per dataloader. ``analyze`` writes the kernel-PCA diagnostics of a checkpoint
 (:meth:`kpca.training.trainer.ProjectTrainer.analyze`). ``fit --ckpt_path auto`` (or ``last``) resumes from the
 newest readable checkpoint of the same experiment, so rerunning the command that was killed continues it (see
-:mod:`kpca.training.resume`).
+:mod:`kpca.training.checkpointing.resume`).
 """
 
 from __future__ import annotations
@@ -26,21 +26,21 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from kpca.training.analysis import KernelPCAMonitor
 from kpca.training.callbacks import (
-    Checkpoint,
     DeferredSlurmRequeue,
     HParamsSummary,
     NonFiniteLoss,
     RPCDiagnostics,
     Throughput,
 )
-from kpca.training.kernel_pca import KernelPCAMonitor
-from kpca.training.resume import check_checkpoint, find_resume
+from kpca.training.checkpointing.callback import Checkpoint
+from kpca.training.checkpointing.resume import check_checkpoint, find_resume
 from kpca.training.trainer import ProjectTrainer
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_IO = "kpca.training.checkpoint_io.AtomicCheckpointIO"
+CHECKPOINT_IO = "kpca.training.checkpointing.io.AtomicCheckpointIO"
 AUTO_RESUME = ("auto", "last")
 """``fit --ckpt_path`` values that resume from the newest readable checkpoint of this experiment, if any."""
 LIGHTNING_CKPT_KEYWORDS = ("hpc", "best", "registry")

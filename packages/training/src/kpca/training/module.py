@@ -6,7 +6,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
-from kpca.training.resume import record_run_folder
+from kpca.training.checkpointing.resume import record_run_folder
 from kpca.training.rng_state import RNGStateCheckpointing
 
 
@@ -18,7 +18,7 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
     ``init_args``, so ``load_from_checkpoint`` rebuilds the model. Names in :attr:`unsaved_hparams` are never
     saved: a checkpoint's hparams override the config of ``test --ckpt_path``, so evaluation settings stay out.
     Checkpoints carry every rank's RNG states (:class:`RNGStateCheckpointing`) and the run folder that wrote them
-    (for ``--ckpt_path auto``, :mod:`kpca.training.resume`).
+    (for ``--ckpt_path auto``, :mod:`kpca.training.checkpointing.resume`).
 
     Subclasses call ``super().__init__(net, optimizer)`` first in their ``__init__``.
 

@@ -13,7 +13,8 @@ from typing import Literal
 import lightning.pytorch as pl
 import torch
 
-from kpca.training.kernel_pca import analyze_network, network_inputs, write_analysis
+from kpca.training.analysis import analyze_network, network_inputs, write_analysis
+from kpca.training.checkpointing.weights import load_checkpoint_weights
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class ProjectTrainer(pl.Trainer):
         Loads the weights of ``ckpt_path``, runs the network on the first ``samples`` inputs of the
         ``split`` dataloader (validation: the evaluation transform; train: the training crops, for apps
         whose validation batches are not one tensor) and writes ``kernel_pca.md``, ``.csv`` and ``.png``
-        (see :func:`kpca.training.kernel_pca.write_analysis`).
+        (see :func:`kpca.training.analysis.write_analysis`).
 
         Args:
             model: the LightningModule (its ``net`` is analysed).
@@ -63,13 +64,6 @@ class ProjectTrainer(pl.Trainer):
         md_path, _, _ = write_analysis({type(net).__name__: results}, folder)
         logger.info("analyze: %d attention layers on %d %s inputs -> %s", len(results), len(inputs), split, md_path)
         return md_path
-
-
-def load_checkpoint_weights(model: pl.LightningModule, ckpt_path: str) -> int | None:
-    """Load the weights of one of the app's checkpoints into ``model`` (safely: ``weights_only``); its step."""
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    model.load_state_dict(checkpoint["state_dict"])
-    return checkpoint.get("global_step")
 
 
 def first_inputs(datamodule: pl.LightningDataModule, split: str, samples: int) -> torch.Tensor:

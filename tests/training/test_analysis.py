@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from kpca.attention import RPCAttention, SoftmaxAttention
 from kpca.attention.kernel_pca import kernel_pca_diagnostics
-from kpca.training.kernel_pca import KernelPCAMonitor, analyze_network, network_inputs, write_analysis
+from kpca.training.analysis import KernelPCAMonitor, analyze_network, network_inputs, write_analysis
 
 WIDTH, HEADS, TOKENS = 8, 2, 5
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from kpca.attention.capture import attention_layers, project_qkv, record_attention_inputs
 from kpca.attention.kernel_pca import kernel_pca_diagnostics
-from kpca.training.callbacks import rpc_tag, tensorboard_writer
+from kpca.training.callbacks import layer_tag, tensorboard_writer
 from kpca.training.files import write_atomic
 from kpca.training.reports import markdown_table, write_report
 
@@ -110,7 +110,7 @@ def analyze_network(net: nn.Module, inputs: torch.Tensor) -> list[LayerAnalysis]
         test = diagnostics.eigenvector
         results.append(
             LayerAnalysis(
-                layer=rpc_tag(name),
+                layer=layer_tag(name),
                 symmetric=symmetric,
                 projection_loss=diagnostics.projection_loss.mean(0).cpu(),
                 gamma_spread=test.spread_mean.mean((0, 2)).cpu(),
