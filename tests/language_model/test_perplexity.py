@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kpca.language_model.perplexity import NLLTotals, perplexities, perplexity_rows, write_perplexity_report
+from kpca.language_model.perplexity import (
+    PERPLEXITY_REPORT,
+    NLLTotals,
+    perplexities,
+    perplexity_rows,
+    write_perplexity_report,
+)
 
 
 def test_totals_sum_the_scored_positions_only_in_float64():
@@ -50,6 +56,15 @@ def test_report_puts_attacked_sets_beside_their_clean_set(tmp_path: Path):
     assert [r["set"] for r in table] == ["test", "test_wordswap"]
     assert float(table[1]["ppl_word_vs_clean"]) == pytest.approx(1.25)
     assert "| test_wordswap |" in (tmp_path / "perplexity.md").read_text()
+
+
+def test_the_report_schema_reads_what_the_writer_writes(tmp_path: Path):
+    rows = [
+        {"set": "valid", "tokens": 10, "words": 5, "ppl_word": 20.0},
+        {"set": "test", "tokens": 8, "words": 4, "ppl_word": 22.5},
+    ]
+    write_perplexity_report(rows, tmp_path)
+    assert PERPLEXITY_REPORT.read(tmp_path / f"{PERPLEXITY_REPORT.stem}.csv") == {"valid/ppl": 20.0, "test/ppl": 22.5}
 
 
 def test_without_the_first_token_a_word_level_set_is_complete_and_divides_by_the_scored_words():

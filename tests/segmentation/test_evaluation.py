@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kpca.segmentation.corruption_sets import resolve_corruption_set
-from kpca.segmentation.evaluation import corruption_results, summary_rows, write_reports
+from kpca.segmentation.evaluation import SEGMENTATION_REPORT, corruption_results, summary_rows, write_reports
 
 pytestmark = pytest.mark.mmseg
 
@@ -43,6 +43,15 @@ def test_reports_are_written_as_markdown_and_csv(tmp_path: Path):
     assert float(rows[-1]["mIoU"]) == pytest.approx(100 / 3)
     per_class = (tmp_path / "per_class_clean.md").read_text().splitlines()
     assert per_class[2] == "| 0 | wall | 60.0000 | 100.0000 |" and per_class[3] == "| 1 | building |  | 100.0000 |"
+
+
+def test_the_report_schema_reads_the_clean_and_corrupted_means_the_writer_writes(tmp_path: Path):
+    write_reports(PER_SET, EVAL_SETS, ["wall", "building"], tmp_path)
+    metrics = SEGMENTATION_REPORT.read(tmp_path / f"{SEGMENTATION_REPORT.stem}.csv")
+    assert metrics == pytest.approx(
+        {"clean/aAcc": 90.0, "clean/mAcc": 80.0, "clean/mIoU": 60.0,
+         "corrupted/aAcc": 90.0, "corrupted/mAcc": 80.0, "corrupted/mIoU": 100 / 3}
+    )  # fmt: skip
 
 
 def test_the_corrupted_mean_is_over_exactly_the_chosen_sets():

@@ -1,12 +1,26 @@
-"""kpca-report's parts on hand-made run folders: linking evaluations to training runs, each task's report."""
+"""kpca-report's parts on hand-made run folders: linking evaluations to training runs, each task's report.
+
+The report schemas come from the installed apps' ``kpca.reports`` entry points, as ``kpca-report`` finds them.
+"""
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kpca.training.compare import TASKS, collect_runs, compare, group_runs, model_label
+from kpca.language_model.perplexity import PERPLEXITY_REPORT
+from kpca.segmentation.evaluation import SEGMENTATION_REPORT
+from kpca.training.compare import collect_runs, compare, group_runs, installed_tasks, main, model_label, report_schema
+from kpca.training.reports import ReportSchema
+from kpca.vision_cls.evaluation import ROBUSTNESS_REPORT
+
+APP_REPORTS = {
+    "language_model": ("kpca.language_model.perplexity:PERPLEXITY_REPORT", PERPLEXITY_REPORT, "perplexity"),
+    "segmentation": ("kpca.segmentation.evaluation:SEGMENTATION_REPORT", SEGMENTATION_REPORT, "segmentation"),
+    "vision_cls": ("kpca.vision_cls.evaluation:ROBUSTNESS_REPORT", ROBUSTNESS_REPORT, "robustness"),
+}
 
 
 def _run(folder: Path, config: dict, *, checkpoint: bool = False, report: tuple[str, list[dict]] | None = None):
@@ -37,13 +51,31 @@ def _perplexity(valid: float, test: float) -> tuple[str, list[dict]]:
     return "perplexity.csv", rows
 
 
+def _robustness(acc1: float, stem: str = "robustness") -> tuple[str, list[dict]]:
+    return f"{stem}.csv", [{"metric": "clean/acc1", "value": acc1, "n": 8}]
+
+
+def _renamed(config: dict, report_name: str) -> dict:
+    """A vision test config whose evaluator writes its report as ``<report_name>.csv``, as LightningCLI saves it."""
+    evaluator = "kpca.vision_cls.evaluation.RobustnessEvaluator"
+    config["model"]["evaluator"] = {"class_path": evaluator, "init_args": {"report_name": report_name}}
+    return config
+
+
+def test_the_installed_apps_register_their_report_schemas():
+    tasks = installed_tasks()  # the real importlib.metadata lookup of the kpca.reports entry points
+    for task, (target, schema, stem) in APP_REPORTS.items():
+        assert tasks[task] == target
+        assert report_schema(task) is schema and schema.stem == stem
+
+
 def test_language_model_runs_link_by_relative_checkpoint_paths_and_average_over_seeds(tmp_path: Path):
     for seed, (valid, test) in {1: (30.0, 31.0), 2: (34.0, 35.0)}.items():
         _run(tmp_path / "runs" / "rpc" / f"version_{seed}", _config("rpc", seed), checkpoint=True)
         ckpt = f"runs/rpc/version_{seed}/checkpoints/last.ckpt"  # as typed, relative to another folder
         _run(tmp_path / "runs" / "rpc" / f"test_{seed}", _config("rpc", seed, ckpt), report=_perplexity(valid, test))
     _run(tmp_path / "runs" / "softmax" / "version_0", _config("softmax", 1), checkpoint=True)  # never tested
-    runs = collect_runs(tmp_path / "runs", TASKS["language_model"])
+    runs = collect_runs(tmp_path / "runs", report_schema("language_model"))
     models, incomplete = group_runs(runs)
     assert [(m.label, [r.seed for r in m.runs]) for m in models] == [("rpc n_iter=2 lambd=4.0", [1, 2])]
     assert [r.folder.name for r in models[0].runs] == ["version_1", "version_2"]  # the training folders
@@ -65,7 +97,7 @@ def test_other_settings_make_another_model_and_the_newest_evaluation_wins(tmp_pa
     for name, folder, ppl in (("old", "a", 50.0), ("new", "a", 40.0), ("other", "b", 45.0)):
         ckpt = str(tmp_path / folder / "version_0" / "checkpoints" / "last.ckpt")
         _run(tmp_path / name, _config("rpc", 1, ckpt), report=_perplexity(ppl, ppl))
-    models, incomplete = group_runs(collect_runs(tmp_path, TASKS["language_model"]))
+    models, incomplete = group_runs(collect_runs(tmp_path, report_schema("language_model")))
     assert not incomplete and len(models) == 2
     assert sorted(m.label for m in models) == ["rpc n_iter=2 lambd=4.0 (a)", "rpc n_iter=2 lambd=4.0 (b)"]
     by_folder = {m.runs[0].folder.parent.name: m.runs[0].metrics["valid/ppl"] for m in models}
@@ -79,11 +111,87 @@ def test_segmentation_reports_give_clean_and_corrupted_means(tmp_path: Path):
         {"set": "all corruptions", "severity": "mean", "sets": 1, "mIoU": 30.0, "mAcc": 40.0, "aAcc": 60.0},
     ]
     _run(tmp_path / "seg", _config("symmetric", 0), report=("segmentation.csv", rows))
-    (model,), _ = group_runs(collect_runs(tmp_path, TASKS["segmentation"]))
+    (model,), _ = group_runs(collect_runs(tmp_path, report_schema("segmentation")))
     assert model.runs[0].metrics == {
         "clean/mIoU": 40.0, "clean/mAcc": 50.0, "clean/aAcc": 70.0,
         "corrupted/mIoU": 30.0, "corrupted/mAcc": 40.0, "corrupted/aAcc": 60.0,
     }  # fmt: skip
+
+
+def test_a_renamed_report_is_read_under_the_name_the_run_config_sets(tmp_path: Path):
+    for seed, stem in ((1, "attacks_only"), (2, "foo")):
+        _run(tmp_path / "fit" / f"version_{seed}", _config("rpc", seed), checkpoint=True)
+        ckpt = str(tmp_path / "fit" / f"version_{seed}" / "checkpoints" / "last.ckpt")
+        config = _renamed(_config("rpc", seed, ckpt), stem)
+        _run(tmp_path / "test" / f"version_{seed}", config, report=_robustness(0.75, "attacks_only"))
+    _run(tmp_path / "fit" / "version_3", _config("rpc", 3), checkpoint=True)  # saved configs name the default too
+    ckpt = str(tmp_path / "fit" / "version_3" / "checkpoints" / "last.ckpt")
+    _run(tmp_path / "test" / "version_3", _renamed(_config("rpc", 3, ckpt), "robustness"))
+    (model,), (renamed, default) = group_runs(collect_runs(tmp_path, report_schema("vision_cls")))
+    assert [run.seed for run in model.runs] == [1] and model.runs[0].metrics == {"clean/acc1": 0.75}
+    assert renamed.seed == 2 and renamed.reason == (
+        f"the evaluation folder {tmp_path / 'test' / 'version_2'} has config.yaml but no foo.csv, the report its "
+        "config names (model.evaluator.report_name=foo)"
+    )
+    assert default.seed == 3 and default.reason.endswith("no robustness.csv (did its run stop before the end?)")
+
+
+def test_runs_without_their_report_are_listed_with_the_reason(tmp_path: Path):
+    runs = tmp_path / "runs"
+    for name, seed in (("untested", 1), ("stopped", 2), ("broken", 3), ("done", 4)):
+        _run(runs / name / "version_0", _config("rpc", seed), checkpoint=True)
+    checkpoint = "runs/{}/version_0/checkpoints/last.ckpt"
+    _run(runs / "stopped" / "version_1", _config("rpc", 2, checkpoint.format("stopped")))  # died before its report
+    unreadable = ("perplexity.csv", [{"set": "valid", "ppl": 30.0}])  # no ppl_word column
+    _run(runs / "broken" / "version_1", _config("rpc", 3, checkpoint.format("broken")), report=unreadable)
+    _run(runs / "done" / "version_1", _config("rpc", 4, checkpoint.format("done")), report=_perplexity(30.0, 31.0))
+    compare(runs, "language_model", tmp_path / "out")
+    with (tmp_path / "out" / "comparison.csv").open() as stream:
+        status = {row["seeds"]: row["status"] for row in csv.DictReader(stream)}
+    assert status["4"] == "complete"
+    assert status["1"].startswith(f"incomplete: {runs / 'untested' / 'version_0'}: no evaluation run found for its")
+    assert status["2"] == (
+        f"incomplete: {runs / 'stopped' / 'version_0'}: the evaluation folder {runs / 'stopped' / 'version_1'} "
+        "has config.yaml but no perplexity.csv (did its run stop before the end?)"
+    )
+    assert status["3"] == (
+        f"incomplete: {runs / 'broken' / 'version_0'}: {runs / 'broken' / 'version_1' / 'perplexity.csv'} "
+        "is unreadable (KeyError: 'ppl_word')"
+    )
+    markdown = (tmp_path / "out" / "comparison.md").read_text()
+    assert f"- `{runs / 'untested' / 'version_0'}` (seed 1): no evaluation run found for its checkpoints" in markdown
+    assert f"- `{runs / 'stopped' / 'version_0'}` (seed 2): the evaluation folder" in markdown
+
+
+def test_kpca_report_task_without_a_value_lists_the_installed_tasks(capsys: pytest.CaptureFixture[str]):
+    main(["--task"])
+    listing = capsys.readouterr().out
+    for task, (target, _, _) in APP_REPORTS.items():
+        assert re.search(rf"^  {task} +{re.escape(target)}$", listing, re.MULTILINE), listing
+
+
+def test_kpca_report_names_the_installed_tasks_for_an_unknown_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path), "--task", "nope"])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "got 'nope'" in error
+    assert "['language_model', 'segmentation', 'vision_cls']" in error
+
+
+def test_kpca_report_help_is_plain_text_saying_what_it_does(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "``" not in text and ":func:" not in text
+    assert "Collect the evaluation reports of every run under ROOT into one side-by-side comparison." in text
+    assert "installed tasks: language_model, segmentation, vision_cls" in text
+
+
+def test_a_report_schema_refuses_a_path_as_stem_and_a_broken_pattern():
+    with pytest.raises(ValueError, match="plain file stem like 'robustness', got 'runs/robustness'"):
+        ReportSchema("runs/robustness", ROBUSTNESS_REPORT.read, ("clean/acc1",))
+    with pytest.raises(ValueError, match=r"pattern 'clean/\(acc1' is not a regular expression"):
+        ReportSchema("robustness", ROBUSTNESS_REPORT.read, ("clean/(acc1",))
 
 
 def test_labels_and_errors():

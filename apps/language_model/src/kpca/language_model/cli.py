@@ -13,6 +13,11 @@ from kpca.training.cli import ProjectCLI, batch_size, batch_tokens
 class LanguageModelCLI(ProjectCLI):
     """Adds best/last checkpoints on ``val/ppl``, sampled text, the prediction writer and links (to ProjectCLI's)."""
 
+    description = (
+        "language-model: WikiText-103 causal language modelling with softmax, symmetric and RPC attention; fit, "
+        "validate, test (perplexity, clean and word-swapped), predict (text generation) and analyze (kernel PCA)."
+    )
+
     monitor, mode, best_filename = "val/ppl", "min", "best-{step:07d}"
     throughput = (batch_size, batch_tokens)  # ThroughputMonitor logs tokens/s as items_per_sec
 

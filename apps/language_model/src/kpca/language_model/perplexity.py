@@ -3,19 +3,37 @@
 token-level perplexity = exp(total NLL / scored tokens); word-level perplexity = exp(total NLL /
 words), with words counted on the original text (:func:`kpca.language_model.corpus.count_words`),
 so it does not depend on the tokenizer. With the word tokenizer on ``wiki.*.tokens`` the two are
-equal, and they are the authors' perplexity when the evaluation follows their protocol.
+equal, and they are the authors' perplexity when the evaluation follows their protocol. The report
+(``perplexity.csv``) is declared for ``kpca-report`` by :data:`PERPLEXITY_REPORT`, registered as the
+``language_model`` report task.
 """
 
 from __future__ import annotations
 
+import csv
 import math
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from torchmetrics import Metric
 
-from kpca.training.reports import write_report
+from kpca.training.reports import ReportSchema, write_report
+
+
+def read_perplexity_report(path: Path) -> dict[str, float]:
+    """``perplexity.csv``: word-level perplexity of each evaluated set, as ``<set>/ppl``."""
+    with path.open(newline="") as stream:
+        return {f"{row['set']}/ppl": float(row["ppl_word"]) for row in csv.DictReader(stream)}
+
+
+PERPLEXITY_REPORT = ReportSchema(
+    stem="perplexity",
+    read=read_perplexity_report,
+    columns=(r"valid/ppl", r"valid_wordswap/ppl", r"test/ppl", r"test_wordswap/ppl"),
+)
+"""The ``language_model`` report task of ``kpca-report``: what :func:`write_perplexity_report` writes."""
 
 
 class NLLTotals(Metric):
@@ -72,9 +90,12 @@ def perplexity_rows(sets: Mapping[str, tuple[NLLTotals, int, int, int]]) -> list
 
 
 def write_perplexity_report(rows: list[dict], out_dir: str | os.PathLike[str]) -> None:
-    """Write ``perplexity.md`` / ``perplexity.csv`` (atomically) with each attacked set beside its clean one."""
+    """Write ``perplexity.md`` / ``perplexity.csv`` (atomically) with each attacked set beside its clean one.
+
+    The file stem is :data:`PERPLEXITY_REPORT`'s, the name ``kpca-report`` reads.
+    """
     clean = {row["set"]: row for row in rows if not row["set"].endswith("_wordswap")}
     for row in rows:
         base = clean.get(row["set"].removesuffix("_wordswap"))
         row["ppl_word_vs_clean"] = row["ppl_word"] / base["ppl_word"] if base else None
-    write_report(rows, out_dir, "perplexity", show=True)
+    write_report(rows, out_dir, PERPLEXITY_REPORT.stem, show=True)

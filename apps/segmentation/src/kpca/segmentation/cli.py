@@ -13,6 +13,12 @@ from kpca.training.cli import ProjectCLI
 class SegmentationCLI(ProjectCLI):
     """Adds best/last checkpoints on ``val/mIoU``, RPC diagnostics, prediction overlays, and the class-count link."""
 
+    description = (
+        "segmentation: ADE20K semantic segmentation with Segmenter (symmetric or RPC attention in a timm ViT "
+        "encoder and a mask-transformer decoder); fit, validate, test (clean and corrupted mIoU) and analyze "
+        "(kernel PCA)."
+    )
+
     monitor, mode = "val/mIoU", "max"
 
     def add_app_arguments(self, parser) -> None:

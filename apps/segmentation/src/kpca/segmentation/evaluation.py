@@ -8,10 +8,13 @@ Reports (Markdown and CSV, written atomically with ``kpca.training.reports.write
   (``ADE20KDataModule.eval_sets``: the corruption preset, or the corruptions and severities given).
 * ``per_class_clean.{md,csv}``: IoU and accuracy of each of the 150 classes on the clean set (empty where a class
   is absent from both predictions and labels, as mmseg's NaN).
+
+:data:`SEGMENTATION_REPORT` declares ``segmentation.csv`` for ``kpca-report`` (the ``segmentation`` report task).
 """
 
 from __future__ import annotations
 
+import csv
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -19,10 +22,31 @@ from pathlib import Path
 
 import torch
 
-from kpca.training.reports import write_report
+from kpca.training.reports import ReportSchema, write_report
 
 METRICS = ("aAcc", "mAcc", "mIoU")
 EvalSets = Sequence[tuple[str, str | None, int | None]]
+
+
+def read_segmentation_report(path: Path) -> dict[str, float]:
+    """``segmentation.csv``: the clean set's and the corrupted mean's metrics (in %), as ``clean/mIoU``, ..."""
+    names = {"clean": "clean", "all corruptions": "corrupted"}
+    metrics = {}
+    with path.open(newline="") as stream:
+        for row in csv.DictReader(stream):
+            if row["set"] in names:
+                prefix = names[row["set"]]
+                metrics |= {f"{prefix}/{m}": float(row[m]) for m in ("mIoU", "mAcc", "aAcc") if row.get(m)}
+    return metrics
+
+
+SEGMENTATION_REPORT = ReportSchema(
+    stem="segmentation",
+    read=read_segmentation_report,
+    columns=(r"clean/mIoU", r"clean/mAcc", r"clean/aAcc", r"corrupted/mIoU", r"corrupted/mAcc", r"corrupted/aAcc"),
+    higher_is_better=(r".*",),
+)
+"""The ``segmentation`` report task of ``kpca-report``: the summary :func:`write_reports` writes."""
 
 
 def corruption_results(per_set: Mapping[str, Mapping[str, object]], eval_sets: EvalSets) -> dict[str, float]:
@@ -85,8 +109,12 @@ def per_class_rows(metrics: Mapping[str, object], classes: Sequence[str]) -> lis
 def write_reports(
     per_set: Mapping[str, Mapping[str, object]], eval_sets: EvalSets, classes: Sequence[str], out_dir: str | Path
 ) -> list[Path]:
-    """Write ``segmentation.{md,csv}`` and ``per_class_clean.{md,csv}`` into ``out_dir``; returns the four paths."""
-    paths = list(write_report(summary_rows(per_set, eval_sets), out_dir, "segmentation", show=True))
+    """Write ``segmentation.{md,csv}`` (:data:`SEGMENTATION_REPORT`) and ``per_class_clean.{md,csv}`` into ``out_dir``.
+
+    Returns:
+        The four paths.
+    """
+    paths = list(write_report(summary_rows(per_set, eval_sets), out_dir, SEGMENTATION_REPORT.stem, show=True))
     if "clean" in per_set:
         paths += write_report(per_class_rows(per_set["clean"], classes), out_dir, "per_class_clean")
     return paths

@@ -2,12 +2,14 @@
 
 The test dataloaders are the datamodule's ``eval_sets`` in order (clean first); each batch is routed
 to the metric its set needs. Metrics are torchmetrics objects, so DDP ranks are reduced on compute,
-image counts included (summed over ranks).
+image counts included (summed over ranks). The report (``robustness.csv``, ``metric,value[,n]`` rows) is
+declared for ``kpca-report`` by :data:`ROBUSTNESS_REPORT`, registered as the ``vision_cls`` report task.
 Legend: B batch, K classes (1000 for ImageNet), M subset classes (200).
 """
 
 from __future__ import annotations
 
+import csv
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -19,7 +21,7 @@ from torch import nn
 from torchmetrics import CatMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from kpca.training.reports import write_report
+from kpca.training.reports import ReportSchema, write_report
 from kpca.vision_cls.attacks import AttackSpec, predicted_labels, run_attack
 from kpca.vision_cls.data import EvalSet
 from kpca.vision_cls.robustness import (
@@ -39,6 +41,32 @@ _SUBSET_OF = {
     "imagenet_o": "imagenet_o",
     "imagenet_o_in": "imagenet_o",
 }
+
+
+def read_robustness_report(path: Path) -> dict[str, float]:
+    """A ``metric,value`` report (``robustness.csv``) as ``metric -> value``, skipping empty values."""
+    with path.open(newline="") as stream:
+        return {row["metric"]: float(row["value"]) for row in csv.DictReader(stream) if row["value"] != ""}
+
+
+ROBUSTNESS_REPORT = ReportSchema(
+    stem="robustness",
+    read=read_robustness_report,
+    columns=(
+        r"clean/acc1",
+        r"clean/acc5",
+        r"imagenet_c/mCE",
+        r"imagenet_c/mean_acc1",
+        r"corrupted/mean_acc1",
+        r"imagenet_a/acc1",
+        r"imagenet_r/acc1",
+        r"imagenet_o/aupr",
+        r"attack/[^/]+/eps[^/]+/acc1",
+    ),
+    higher_is_better=(r".*acc\d", r".*aupr"),
+    name_setting="model.evaluator.report_name",
+)
+"""The ``vision_cls`` report task of ``kpca-report``: what :meth:`RobustnessEvaluator.write_report` writes."""
 
 
 def eps_label(eps: float) -> str:
@@ -63,14 +91,15 @@ class RobustnessEvaluator:
         attack_batches: attack only the first ``attack_batches`` clean batches of each rank, a
             subset (the val folders are sorted by class, so it is a class-biased one); None (the
             default) attacks every clean batch.
-        report_name: file stem of the Markdown / CSV reports written into the run's log dir.
+        report_name: file stem of the Markdown / CSV reports written into the run's log dir (default
+            ``ROBUSTNESS_REPORT.stem``; ``kpca-report`` follows a run's config when it names another).
     """
 
     def __init__(
         self,
         attacks: list[AttackSpec] | None = None,
         attack_batches: int | None = None,
-        report_name: str = "robustness",
+        report_name: str = ROBUSTNESS_REPORT.stem,
     ) -> None:
         if attack_batches is not None and attack_batches < 1:
             raise ValueError(f"attack_batches must be >= 1 or None (all batches), got {attack_batches}")

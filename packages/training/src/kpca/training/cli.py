@@ -36,6 +36,7 @@ from kpca.training.callbacks import (
 )
 from kpca.training.checkpointing.callback import Checkpoint
 from kpca.training.checkpointing.resume import check_checkpoint, find_resume
+from kpca.training.run_config import without_keys
 from kpca.training.trainer import ProjectTrainer
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ AUTO_RESUME = ("auto", "last")
 """``fit --ckpt_path`` values that resume from the newest readable checkpoint of this experiment, if any."""
 LIGHTNING_CKPT_KEYWORDS = ("hpc", "best", "registry")
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
-VOLATILE_KEYS = (("ckpt_path",), ("config",), ("trainer", "logger", "init_args", "version"))
-VOLATILE_KEYS += (("trainer", "logger", "init_args", "purge_step"),)
+RESUME_IGNORED_KEYS = ("ckpt_path", "config", "trainer.logger.init_args.version", "trainer.logger.init_args.purge_step")
+"""Config keys that resuming itself sets: a saved run whose config differs only in these is this experiment."""
 
 
 def batch_size(batch: Any) -> int:
@@ -86,6 +87,8 @@ class ProjectCLI(LightningCLI):
     throughput: tuple[Callable[[Any], int], Callable[[Any], int] | None] = (batch_size, None)
     trainer_type: type[ProjectTrainer] = ProjectTrainer
     """The Trainer class; an app whose Trainer subclass adds a subcommand also lists it in :meth:`subcommands`."""
+    description: str = "A kpca app: fit, validate, test and analyze models from YAML configs."
+    """What the app's command does, shown by ``--help``."""
 
     def __init__(self, model_class, datamodule_class, args: ArgsType = None) -> None:
         console_logging()
@@ -96,6 +99,7 @@ class ProjectCLI(LightningCLI):
             trainer_class=self.trainer_type,
             trainer_defaults={"plugins": [{"class_path": CHECKPOINT_IO}]},
             save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": self.description},
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -206,17 +210,11 @@ class ProjectCLI(LightningCLI):
 
     @staticmethod
     def _comparable(config: dict) -> dict:
-        """The configuration without the keys that resuming itself sets."""
-        for keys in VOLATILE_KEYS:
-            node = config
-            for key in keys[:-1]:
-                node = node.get(key) if isinstance(node, dict) else None
-            if isinstance(node, dict):
-                node.pop(keys[-1], None)
-        return config
+        """The configuration without the keys that resuming itself sets (:data:`RESUME_IGNORED_KEYS`)."""
+        return without_keys(config, RESUME_IGNORED_KEYS)
 
     def _saved_config_is(self, path: Path, current: dict) -> bool:
-        """Whether the ``config.yaml`` at ``path`` (saved by a run) is ``current`` but for the volatile keys."""
+        """Whether the ``config.yaml`` a run saved at ``path`` is ``current`` but for :data:`RESUME_IGNORED_KEYS`."""
         if not path.is_file():
             return False
         try:

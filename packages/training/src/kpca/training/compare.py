@@ -4,9 +4,14 @@ A run is a folder that LightningCLI saved a ``config.yaml`` into. Training runs 
 evaluation runs (``test``) hold the task's report CSV and name the checkpoint they evaluated in their
 config's ``ckpt_path``, which links them to their training run. Runs whose configurations differ only in
 the seed (and in paths, logger folders) are one model: its row shows mean ± std over the seeds. A
-training run without an evaluation is listed as incomplete, never dropped silently.
+training run without an evaluation is listed as incomplete with the reason, never dropped silently.
+
+Each app declares its report (a :class:`kpca.training.reports.ReportSchema`) next to the code that writes
+it and registers it under a task name in the ``kpca.reports`` entry points; ``kpca-report`` reads only
+what the installed apps register, so a new evaluation needs no change here.
 
     kpca-report runs/ --task vision_cls          # runs/comparison.md, .csv and .png
+    kpca-report --task                           # the installed tasks
 """
 
 from __future__ import annotations
@@ -19,90 +24,33 @@ import math
 import re
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import yaml
 
 from kpca.training.files import write_atomic
-from kpca.training.reports import markdown_table, write_report
+from kpca.training.reports import REPORT_ENTRY_POINTS, ReportSchema, markdown_table, write_report
+from kpca.training.run_config import config_value, without_keys
 
 logger = logging.getLogger(__name__)
 
-VOLATILE = ("seed_everything", "ckpt_path", "config", "trainer.logger", "trainer.default_root_dir", "data.cache_dir")
+RUN_SPECIFIC_KEYS = (
+    "seed_everything", "ckpt_path", "config", "trainer.logger", "trainer.default_root_dir", "data.cache_dir",
+)  # fmt: skip
 """Config keys that do not define a model: runs differing only in these are seeds of one model."""
 
+DESCRIPTION = """\
+Collect the evaluation reports of every run under ROOT into one side-by-side comparison.
 
-def _metric_value_rows(path: Path) -> dict[str, float]:
-    """A ``metric,value`` report (vision_cls ``robustness.csv``)."""
-    with path.open(newline="") as stream:
-        return {row["metric"]: float(row["value"]) for row in csv.DictReader(stream) if row["value"] != ""}
-
-
-def _perplexity_rows(path: Path) -> dict[str, float]:
-    """``perplexity.csv``: word-level perplexity of each evaluated set, as ``<set>/ppl``."""
-    with path.open(newline="") as stream:
-        return {f"{row['set']}/ppl": float(row["ppl_word"]) for row in csv.DictReader(stream)}
-
-
-def _segmentation_rows(path: Path) -> dict[str, float]:
-    """``segmentation.csv``: the clean set's and the corrupted mean's metrics (in %)."""
-    names = {"clean": "clean", "all corruptions": "corrupted"}
-    metrics = {}
-    with path.open(newline="") as stream:
-        for row in csv.DictReader(stream):
-            if row["set"] in names:
-                prefix = names[row["set"]]
-                metrics |= {f"{prefix}/{m}": float(row[m]) for m in ("mIoU", "mAcc", "aAcc") if row.get(m)}
-    return metrics
-
-
-@dataclass(frozen=True)
-class Task:
-    """What one app's evaluation writes, and which of its metrics the comparison shows, in order.
-
-    Attributes:
-        report: the report CSV an evaluation run writes into its folder.
-        read: parses that file into ``metric -> value``.
-        columns: regular expressions of the shown metrics, in display order (matches of one pattern in
-            natural order, e.g. attack radii ascending).
-        higher_is_better: patterns of metrics where higher is better (the rest: lower is better).
-    """
-
-    report: str
-    read: Callable[[Path], dict[str, float]]
-    columns: tuple[str, ...]
-    higher_is_better: tuple[str, ...] = ()
-
-
-TASKS: dict[str, Task] = {
-    "vision_cls": Task(
-        "robustness.csv",
-        _metric_value_rows,
-        (
-            r"clean/acc1",
-            r"clean/acc5",
-            r"imagenet_c/mCE",
-            r"imagenet_c/mean_acc1",
-            r"corrupted/mean_acc1",
-            r"imagenet_a/acc1",
-            r"imagenet_r/acc1",
-            r"imagenet_o/aupr",
-            r"attack/[^/]+/eps[^/]+/acc1",
-        ),
-        higher_is_better=(r".*acc\d", r".*aupr"),
-    ),  # fmt: skip
-    "language_model": Task(
-        "perplexity.csv", _perplexity_rows, (r"valid/ppl", r"valid_wordswap/ppl", r"test/ppl", r"test_wordswap/ppl")
-    ),
-    "segmentation": Task(
-        "segmentation.csv",
-        _segmentation_rows,
-        (r"clean/mIoU", r"clean/mAcc", r"clean/aAcc", r"corrupted/mIoU", r"corrupted/mAcc", r"corrupted/aAcc"),
-        higher_is_better=(r".*",),
-    ),
-}
+A run is a folder holding the config.yaml that LightningCLI saved. An evaluation run (the app's test
+subcommand) names the checkpoint it evaluated in its config's ckpt_path, which links it to its training
+run. Runs whose configs differ only in the seed (and in paths and logger folders) are one model: one row
+with the mean and standard deviation of each metric over the seeds. Writes <name>.md, <name>.csv and
+<name>.png into the output folder and prints the Markdown table; training runs without a report are
+listed with the reason."""
 
 
 @dataclass
@@ -113,6 +61,8 @@ class Run:
     config: dict
     metrics: dict[str, float] | None = None
     evaluation: Path | None = None
+    reason: str = ""
+    """Why the run has no metrics (set by :func:`collect_runs`)."""
 
     @property
     def seed(self) -> object:
@@ -142,16 +92,41 @@ def _read_config(path: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def _without(config: dict, dotted_keys: Iterable[str]) -> dict:
-    config = json.loads(json.dumps(config, default=str))
-    for dotted in dotted_keys:
-        *parents, last = dotted.split(".")
-        node = config
-        for key in parents:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    return config
+def installed_tasks() -> dict[str, str]:
+    """The report tasks the installed apps register (``kpca.reports`` entry points): name -> ``module:object``.
+
+    Nothing is imported: the apps' modules load only when :func:`report_schema` asks for one task.
+    """
+    return dict(sorted((entry.name, entry.value) for entry in entry_points(group=REPORT_ENTRY_POINTS)))
+
+
+def report_schema(task: str) -> ReportSchema:
+    """Load the :class:`ReportSchema` that an installed app registers as ``task``.
+
+    Raises:
+        ValueError: when no installed app registers ``task`` (the message names those that do).
+        TypeError: when the entry point is not a ReportSchema.
+    """
+    entries = {entry.name: entry for entry in entry_points(group=REPORT_ENTRY_POINTS)}
+    if task not in entries:
+        raise ValueError(
+            f"--task must be one of the installed report tasks {sorted(entries)}, got {task!r}; an app offers its "
+            f"task through the {REPORT_ENTRY_POINTS!r} entry points of its pyproject.toml: install it (e.g. "
+            "pip install -e apps/vision_cls) or, after editing those entry points, reinstall it"
+        )
+    schema = entries[task].load()
+    if not isinstance(schema, ReportSchema):
+        raise TypeError(
+            f"the {REPORT_ENTRY_POINTS} entry point {task} = {entries[task].value} is a {type(schema).__name__}; "
+            "point it at a kpca.training.reports.ReportSchema"
+        )
+    return schema
+
+
+def _model_key(config: dict) -> str:
+    """Equal for runs that are seeds of one model: the config as JSON, without :data:`RUN_SPECIFIC_KEYS`."""
+    plain = json.loads(json.dumps(config, default=str))
+    return json.dumps(without_keys(plain, RUN_SPECIFIC_KEYS), sort_keys=True)
 
 
 def find_attention(config: object) -> dict:
@@ -191,22 +166,81 @@ def _checkpoint_run(ckpt_path: object, training: Mapping[Path, Run]) -> Run | No
     return None
 
 
-def collect_runs(root: str | Path, task: Task) -> list[Run]:
-    """Every run under ``root``: training runs with their newest evaluation, then standalone evaluations."""
-    configs = sorted(Path(root).rglob("config.yaml"))
-    training = {
-        p.parent.resolve(): Run(p.parent, _read_config(p)) for p in configs if (p.parent / "checkpoints").is_dir()
-    }
+def report_stem(config: Mapping, schema: ReportSchema) -> tuple[str, str | None]:
+    """The stem of the report a run writes, and the setting that names it when its config renames it.
+
+    Returns:
+        ``(stem, setting)``: the value at the schema's ``name_setting`` and ``"<name_setting>=<value>"`` when the
+        config sets another stem than the schema's, else ``(schema.stem, None)``.
+    """
+    if schema.name_setting is not None:
+        value = config_value(config, schema.name_setting)
+        if value is not None and str(value) != schema.stem:
+            return str(value), f"{schema.name_setting}={value}"
+    return schema.stem, None
+
+
+def _missing_report(folder: Path, stem: str, setting: str | None) -> str:
+    """Why an evaluation folder without its report gives no metrics."""
+    if setting is None:
+        return f"the evaluation folder {folder} has config.yaml but no {stem}.csv (did its run stop before the end?)"
+    return f"the evaluation folder {folder} has config.yaml but no {stem}.csv, the report its config names ({setting})"
+
+
+def _no_evaluation(run: Run, root: Path) -> str:
+    """Why a training run that no evaluation folder names gives no metrics."""
+    return (
+        f"no evaluation run found for its checkpoints: no config.yaml under {root} has a ckpt_path in "
+        f"{run.folder / 'checkpoints'}; run the app's test subcommand with --ckpt_path set to one of them"
+    )
+
+
+def collect_runs(root: str | Path, schema: ReportSchema) -> list[Run]:
+    """Every run under ``root``: training runs with their newest evaluation, then standalone evaluations.
+
+    An evaluation is a folder holding its report, ``<stem>.csv`` where the stem is the one its config names
+    (:func:`report_stem`). A run left without metrics says why in :attr:`Run.reason`: no evaluation names its
+    checkpoints, its newest evaluation folder has no report, or the report is unreadable.
+    """
+    root = Path(root)
+    folders = {path.parent: _read_config(path) for path in sorted(root.rglob("config.yaml"))}
+    training = {folder.resolve(): Run(folder, config) for folder, config in folders.items() if _is_training(folder)}
+    reports: list[tuple[float, Path, Path, dict, Run | None]] = []  # (mtime, report, folder, config, training run)
+    problems: dict[Path, list[tuple[float, str]]] = {}  # training folder -> (mtime, why its evaluation failed)
+    for folder, config in folders.items():
+        stem, setting = report_stem(config, schema)
+        report = folder / f"{stem}.csv"
+        linked = _checkpoint_run(config.get("ckpt_path"), training)
+        if report.is_file():
+            reports.append((report.stat().st_mtime, report, folder, config, linked))
+        elif linked is not None and not _is_training(folder):
+            mtime = (folder / "config.yaml").stat().st_mtime
+            problems.setdefault(linked.folder.resolve(), []).append((mtime, _missing_report(folder, stem, setting)))
     standalone = []
-    evaluations = [p.parent for p in configs if (p.parent / task.report).is_file()]
-    for folder in sorted(evaluations, key=lambda f: (f / task.report).stat().st_mtime):
-        config = _read_config(folder / "config.yaml")
-        run = _checkpoint_run(config.get("ckpt_path"), training)
+    for mtime, report, folder, config, linked in sorted(reports, key=lambda item: item[0]):
+        try:
+            metrics = schema.read(report)
+        except (OSError, KeyError, ValueError, csv.Error) as error:
+            unreadable = f"{report} is unreadable ({type(error).__name__}: {error})"
+            if linked is None:
+                standalone.append(Run(folder, config, reason=unreadable))
+            else:
+                problems.setdefault(linked.folder.resolve(), []).append((mtime, unreadable))
+            continue
+        run = linked
         if run is None:
             run = Run(folder, config)
             standalone.append(run)
-        run.metrics, run.evaluation = task.read(folder / task.report), folder  # the newest evaluation wins
+        run.metrics, run.evaluation = metrics, folder  # the newest evaluation wins
+    for key, run in training.items():
+        if run.metrics is None:
+            run.reason = max(problems[key])[1] if key in problems else _no_evaluation(run, root)
     return [*training.values(), *standalone]
+
+
+def _is_training(folder: Path) -> bool:
+    """Whether a run folder is a training run (it holds ``checkpoints/``)."""
+    return (folder / "checkpoints").is_dir()
 
 
 def group_runs(runs: Sequence[Run]) -> tuple[list[Model], list[Run]]:
@@ -217,7 +251,7 @@ def group_runs(runs: Sequence[Run]) -> tuple[list[Model], list[Run]]:
         if run.metrics is None:
             incomplete.append(run)
             continue
-        key = json.dumps(_without(run.config, VOLATILE), sort_keys=True)
+        key = _model_key(run.config)
         if key not in models:
             attention = find_attention(run.config.get("model", {}))
             models[key] = Model(model_label(attention), attention)
@@ -229,11 +263,11 @@ def group_runs(runs: Sequence[Run]) -> tuple[list[Model], list[Run]]:
     return list(models.values()), incomplete
 
 
-def shown_columns(models: Sequence[Model], task: Task) -> list[str]:
-    """The task's metrics present in any run, in the task's order."""
+def shown_columns(models: Sequence[Model], schema: ReportSchema) -> list[str]:
+    """The schema's metrics present in any run, in the schema's order."""
     present = {name for model in models for run in model.runs for name in run.metrics}
     columns = []
-    for pattern in task.columns:
+    for pattern in schema.columns:
         columns += sorted((n for n in present if re.fullmatch(pattern, n) and n not in columns), key=_natural_key)
     return columns
 
@@ -248,7 +282,7 @@ def comparison_rows(models: Sequence[Model], incomplete: Sequence[Run], columns:
     """The CSV rows: one per model, then one per incomplete run.
 
     A model's ``<metric>`` is the mean over its seeds and ``<metric>_std`` the sample standard deviation (empty
-    with one seed); an incomplete run has status ``incomplete: ...`` and no metrics.
+    with one seed); an incomplete run has status ``incomplete: <folder>: <reason>`` and no metrics.
     """
     rows = []
     for model in models:
@@ -265,7 +299,7 @@ def comparison_rows(models: Sequence[Model], incomplete: Sequence[Run], columns:
         attention = find_attention(run.config.get("model", {}))
         rows.append(
             {"model": model_label(attention), "kind": attention.get("kind"), "seeds": str(run.seed), "runs": 0,
-             "status": f"incomplete: no evaluation report in or for {run.folder}"}
+             "status": f"incomplete: {run.folder}: {run.reason}"}
         )  # fmt: skip
     return rows
 
@@ -286,8 +320,8 @@ def comparison_markdown(models: Sequence[Model], incomplete: Sequence[Run], colu
         table.append(row)
     text = markdown_table(table) if table else "No complete runs.\n"
     if incomplete:
-        text += "\nIncomplete runs (no evaluation report; run `test` on their checkpoint):\n\n"
-        text += "".join(f"- `{run.folder}` (seed {run.seed})\n" for run in incomplete)
+        text += "\nIncomplete runs (no metrics to show):\n\n"
+        text += "".join(f"- `{run.folder}` (seed {run.seed}): {run.reason}\n" for run in incomplete)
     return text
 
 
@@ -333,7 +367,7 @@ def compare(
 
     Args:
         root: folder searched for run folders.
-        task: a key of :data:`TASKS`.
+        task: an installed report task (:func:`installed_tasks`), e.g. ``vision_cls``.
         out_dir: output folder, default ``root``.
         name: file stem of the outputs.
         only: keep just these run folders (training runs, or standalone evaluations), e.g. a demo's own runs.
@@ -344,16 +378,15 @@ def compare(
     Raises:
         ValueError: for an unknown ``task`` or a folder without any run.
     """
-    if task not in TASKS:
-        raise ValueError(f"--task must be one of {sorted(TASKS)}, got {task!r}")
-    runs = collect_runs(root, TASKS[task])
+    schema = report_schema(task)
+    runs = collect_runs(root, schema)
     if only is not None:
         keep = {Path(folder).resolve() for folder in only}
         runs = [run for run in runs if run.folder.resolve() in keep]
     if not runs:
         raise ValueError(f"no run under {root}: expected folders with a LightningCLI config.yaml (e.g. runs/)")
     models, incomplete = group_runs(runs)
-    columns = shown_columns(models, TASKS[task])
+    columns = shown_columns(models, schema)
     out = Path(out_dir) if out_dir is not None else Path(root)
     markdown = comparison_markdown(models, incomplete, columns)
     md_path, _ = write_report(comparison_rows(models, incomplete, columns), out, name, markdown=markdown)
@@ -364,22 +397,65 @@ def compare(
         write_atomic(out / f"{name}.png", lambda f: fig.savefig(f, format="png", dpi=110))
         plt.close(fig)
     for run in incomplete:
-        logger.warning("kpca-report: incomplete run %s (no %s for it)", run.folder, TASKS[task].report)
+        logger.warning("kpca-report: incomplete run %s: %s", run.folder, run.reason)
     logger.info("kpca-report: %d models from %d runs -> %s", len(models), len(runs), md_path)
     return md_path
 
 
+def task_listing() -> str:
+    """The installed report tasks, one a line with the object that declares each (``kpca-report --task``)."""
+    tasks = installed_tasks()
+    if not tasks:
+        return (
+            f"No report tasks installed: no installed app registers one under the {REPORT_ENTRY_POINTS!r} entry "
+            "points (install an app, e.g. pip install -e apps/vision_cls).\n"
+        )
+    width = max(map(len, tasks))
+    lines = [f"  {name:<{width}}  {value}\n" for name, value in tasks.items()]
+    return f"Report tasks of the installed apps ({REPORT_ENTRY_POINTS} entry points):\n" + "".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    examples = (
+        "examples:\n"
+        "  kpca-report runs/ --task vision_cls   writes runs/comparison.md, .csv and .png\n"
+        "  kpca-report --task                    lists the installed tasks\n\n"
+        f"installed tasks: {', '.join(installed_tasks()) or 'none'}"
+    )
+    parser = argparse.ArgumentParser(
+        prog="kpca-report",
+        description=DESCRIPTION,
+        epilog=examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("root", type=Path, nargs="?", help="folder searched for run folders (e.g. runs/)")
+    parser.add_argument(
+        "--task", nargs="?", const="", metavar="TASK",
+        help="the app whose reports to compare (e.g. vision_cls); without a value, list the installed tasks",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: ROOT)")
+    parser.add_argument("--name", default="comparison", help="file stem of the outputs (default: comparison)")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """The ``kpca-report`` console script: writes the comparison and prints its Markdown."""
-    parser = argparse.ArgumentParser(prog="kpca-report", description=__doc__.splitlines()[0])
-    parser.add_argument("root", type=Path, help="folder holding the run folders (e.g. runs/)")
-    parser.add_argument("--task", required=True, choices=sorted(TASKS), help="which app's reports to compare")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: root)")
-    parser.add_argument("--name", default="comparison", help="file stem of the outputs")
+    """The ``kpca-report`` console script: writes the comparison and prints its Markdown (or lists the tasks)."""
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.task == "":
+        sys.stdout.write(task_listing())
+        return
+    if args.task is None or args.root is None:
+        parser.error(
+            "give the runs folder and the task, e.g. kpca-report runs/ --task vision_cls "
+            f"(installed tasks: {', '.join(installed_tasks()) or 'none'})"
+        )
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    path = compare(args.root, args.task, args.out, args.name)
+    try:
+        path = compare(args.root, args.task, args.out, args.name)
+    except ValueError as error:
+        parser.error(str(error))
     sys.stdout.write(path.read_text(encoding="utf-8"))
 
 

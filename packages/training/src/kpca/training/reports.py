@@ -1,4 +1,8 @@
-"""Result tables: one list of rows written as Markdown and CSV with the same columns, atomically."""
+"""Result tables: one list of rows written as Markdown and CSV with the same columns, atomically.
+
+An app's evaluation report is also described by a :class:`ReportSchema`, declared next to its writer and
+registered under the ``kpca.reports`` entry points, through which ``kpca-report`` finds and reads it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ import io
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kpca.training.files import write_atomic
@@ -15,6 +20,46 @@ from kpca.training.files import write_atomic
 logger = logging.getLogger(__name__)
 
 _REPORT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+REPORT_ENTRY_POINTS = "kpca.reports"
+"""The entry-point group in which each app registers its :class:`ReportSchema` under a task name."""
+
+
+@dataclass(frozen=True)
+class ReportSchema:
+    """One app's evaluation report: the file its evaluation writes and what ``kpca-report`` shows of it.
+
+    The app declares it next to the code that writes the report, writes the report under ``stem`` (so that
+    the two cannot drift) and registers it in its ``pyproject.toml``::
+
+        [project.entry-points."kpca.reports"]
+        vision_cls = "kpca.vision_cls.evaluation:ROBUSTNESS_REPORT"
+
+    Attributes:
+        stem: the report's default file stem: the evaluation writes ``<stem>.md`` and ``<stem>.csv`` into its
+            run folder.
+        read: parses the CSV into ``metric -> value``.
+        columns: regular expressions of the metrics the comparison shows, in display order (matches of one
+            pattern in natural order, e.g. attack radii ascending).
+        higher_is_better: patterns of metrics where higher is better (the rest: lower is better).
+        name_setting: the dotted config key whose value, when a run sets it, replaces ``stem`` (e.g.
+            ``model.evaluator.report_name``); None when the name is fixed.
+    """
+
+    stem: str
+    read: Callable[[Path], dict[str, float]]
+    columns: tuple[str, ...]
+    higher_is_better: tuple[str, ...] = ()
+    name_setting: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stem, str) or not _REPORT_NAME.fullmatch(self.stem):
+            raise ValueError(f"ReportSchema stem must be a plain file stem like 'robustness', got {self.stem!r}")
+        for pattern in (*self.columns, *self.higher_is_better):
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"ReportSchema pattern {pattern!r} is not a regular expression: {error}") from error
 
 
 def markdown_table(rows: Sequence[Mapping[str, object]]) -> str:
