@@ -44,7 +44,6 @@ SEGMENTATION_REPORT = ReportSchema(
     stem="segmentation",
     read=read_segmentation_report,
     columns=(r"clean/mIoU", r"clean/mAcc", r"clean/aAcc", r"corrupted/mIoU", r"corrupted/mAcc", r"corrupted/aAcc"),
-    higher_is_better=(r".*",),
 )
 """The ``segmentation`` report task of ``kpca-report``: the summary :func:`write_reports` writes."""
 

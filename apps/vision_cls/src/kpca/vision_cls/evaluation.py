@@ -63,7 +63,6 @@ ROBUSTNESS_REPORT = ReportSchema(
         r"imagenet_o/aupr",
         r"attack/[^/]+/eps[^/]+/acc1",
     ),
-    higher_is_better=(r".*acc\d", r".*aupr"),
     name_setting="model.evaluator.report_name",
 )
 """The ``vision_cls`` report task of ``kpca-report``: what :meth:`RobustnessEvaluator.write_report` writes."""

@@ -41,7 +41,6 @@ class ReportSchema:
         read: parses the CSV into ``metric -> value``.
         columns: regular expressions of the metrics the comparison shows, in display order (matches of one
             pattern in natural order, e.g. attack radii ascending).
-        higher_is_better: patterns of metrics where higher is better (the rest: lower is better).
         name_setting: the dotted config key whose value, when a run sets it, replaces ``stem`` (e.g.
             ``model.evaluator.report_name``); None when the name is fixed.
     """
@@ -49,13 +48,12 @@ class ReportSchema:
     stem: str
     read: Callable[[Path], dict[str, float]]
     columns: tuple[str, ...]
-    higher_is_better: tuple[str, ...] = ()
     name_setting: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stem, str) or not _REPORT_NAME.fullmatch(self.stem):
             raise ValueError(f"ReportSchema stem must be a plain file stem like 'robustness', got {self.stem!r}")
-        for pattern in (*self.columns, *self.higher_is_better):
+        for pattern in self.columns:
             try:
                 re.compile(pattern)
             except re.error as error:
