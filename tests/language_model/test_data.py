@@ -7,12 +7,22 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
 from torch.utils.data import DataLoader
 
 from kpca.language_model.corpus import SPLITS, split_file
-from kpca.language_model.data import SlidingWindows, TokenArray, TokenBlocks, WikiTextDataModule, prepare_tokens
+from kpca.language_model.data import (
+    LanguageData,
+    SlidingWindows,
+    TokenArray,
+    TokenBlocks,
+    WikiTextDataModule,
+    prepare_tokens,
+)
 from kpca.language_model.tokenizer import EOS_ID, Tokenizer, TokenizerConfig
 from kpca.language_model.word_swap import WordSwap
+from kpca.training.data import require_datamodule
 
 
 def array_of(tmp_path: Path, ids: list[int]) -> TokenArray:
@@ -91,20 +101,36 @@ def test_datamodule_on_the_builtin_corpus_prepares_clean_and_attacked_sets(lm_ca
     assert len(loaders) == 4 and len(loaders[0].dataset) == math.ceil((n_valid - 32) / 16) + 1  # stride N / 2
     prompt, ids = datamodule.predict_dataloader().dataset[0]
     assert prompt == "The" and ids.ndim == 1
+    assert require_datamodule(SimpleNamespace(datamodule=datamodule), LanguageData) is datamodule
 
 
 def test_batch_size_is_global_and_split_over_the_processes(lm_cache_dir: Path):
     datamodule = builtin_datamodule(lm_cache_dir, word_swap=None)
-    datamodule.trainer = SimpleNamespace(world_size=2, global_rank=1)
+    datamodule.trainer = SimpleNamespace(world_size=2, global_rank=1, accelerator=CPUAccelerator())
     datamodule.setup("fit")
     assert datamodule.batch_size_per_device == 2
     assert next(iter(datamodule.train_dataloader()))[0].shape == (2, 32)
     assert datamodule.val_dataloader().batch_size == 2  # evaluation: per device, default the training share
     datamodule.eval_batch_size = 5
     assert datamodule.val_dataloader().batch_size == 5
-    datamodule.trainer = SimpleNamespace(world_size=3, global_rank=0)
+    datamodule.trainer = SimpleNamespace(world_size=3, global_rank=0, accelerator=CPUAccelerator())
     with pytest.raises(ValueError, match=r"batch_size=4 .* world_size=3 .* data.batch_size to a multiple of 3"):
         datamodule.setup("fit")
+
+
+def test_a_cpu_trainer_does_not_pin_memory_even_where_cuda_is_available(lm_cache_dir: Path, monkeypatch):
+    datamodule = builtin_datamodule(lm_cache_dir, word_swap=None)
+    datamodule.trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    datamodule.setup("fit")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not datamodule.train_dataloader().pin_memory and not datamodule.val_dataloader().pin_memory
+
+
+def test_the_default_cache_is_the_language_model_folder_of_kpca_cache(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("KPCA_CACHE", str(tmp_path))
+    assert WikiTextDataModule(data_dir="builtin").cache_dir == tmp_path / "language_model"
+    monkeypatch.delenv("KPCA_CACHE")
+    assert WikiTextDataModule(data_dir="builtin").cache_dir == Path.home() / ".cache" / "kpca" / "language_model"
 
 
 def test_without_word_swap_test_evaluates_the_clean_splits_only(lm_cache_dir: Path):

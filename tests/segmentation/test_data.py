@@ -1,6 +1,7 @@
 """The mmseg ADE20K pipeline on generated folders, the synthetic set, corruptions and the datamodule's errors."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,10 +13,12 @@ from kpca.segmentation.data import (
     ADE20KDataModule,
     CorruptImage,
     MMSegDataset,
+    SegmentationData,
     build_transforms,
     eval_pipeline,
     train_pipeline,
 )
+from kpca.training.data import require_datamodule
 
 pytestmark = pytest.mark.mmseg
 
@@ -133,5 +136,6 @@ def test_eval_sets_are_clean_then_each_corruption_and_severity(tmp_path: Path):
     names = [name for name, _, _ in datamodule.eval_sets]
     assert names == ["clean", "fog/s1", "fog/s5", "contrast/s1", "contrast/s5"]
     assert datamodule.num_classes == 150 and len(datamodule.palette) == 150
+    assert require_datamodule(SimpleNamespace(datamodule=datamodule), SegmentationData) is datamodule
     with pytest.raises(ValueError, match="severities"):
         ADE20KDataModule(root=tmp_path, severities=[6])

@@ -11,13 +11,15 @@ from timm.data.distributed_sampler import RepeatAugSampler as TimmRepeatAugSampl
 from torch.utils.data import DistributedSampler
 from torchvision import transforms
 
+from kpca.training.data import require_datamodule
 from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
 from kpca.vision_cls.builtin_data import write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset
-from kpca.vision_cls.data import EvalSet, ImageNetDataModule
+from kpca.vision_cls.data import EvalSet, ImageNetDataModule, VisionData
 
 A_WNIDS = ["n01770081", "n01784675"]  # in the ImageNet-A and the ImageNet-O class lists
-NOT_A_WNID = "n01440764"  # tench: in neither
+R_WNID = "n01784675"  # in the ImageNet-R class list too (n01770081 is not)
+NOT_A_WNID = "n01440764"  # tench: in none of A, R and O
 WNIDS = sorted([NOT_A_WNID, *A_WNIDS])
 FAST = {"num_workers": 0, "pin_memory": False, "image_size": 32, "batch_size": 4}
 
@@ -222,7 +224,7 @@ def robustness(tmp_path: Path, imagenet: Path) -> dict[str, str]:
         for severity in (1, 2):
             make_tree(tmp_path / "c" / corruption / str(severity), WNIDS, per_class=1)
     make_tree(tmp_path / "a", A_WNIDS, per_class=1)
-    make_tree(tmp_path / "r", A_WNIDS, per_class=2)
+    make_tree(tmp_path / "r", [R_WNID], per_class=2)
     make_tree(tmp_path / "o", A_WNIDS, per_class=1)
     paths = {f"imagenet_{k}_root": str(tmp_path / k) for k in "caro"}
     return {"root": str(imagenet), **paths}
@@ -255,13 +257,25 @@ def test_eval_sets_order_and_loaders(robustness: dict[str, str]):
         labels[eval_set.name] = torch.cat([b[1] for b in batches]).tolist()
     assert labels["clean"] == [0, 0, 1, 1, 2, 2]
     assert labels["imagenet_c/fog/2"] == [0, 1, 2]
-    assert labels["imagenet_a"] == [0, 1] and labels["imagenet_r"] == [0, 0, 1, 1]
+    assert labels["imagenet_a"] == [0, 1] and labels["imagenet_r"] == [0, 0]
     assert labels["imagenet_o"] == [-1, -1]
     assert labels["imagenet_o_in"] == [0, 0, 1, 1]  # only the val images of the ImageNet-O wnids
     o_in = dm.test_sets[-1]
     assert {Path(path).parent.name for path, _ in o_in.samples} == set(A_WNIDS)
     by_kind = {s.kind: dm.class_indices(s) for s in dm.eval_sets}
     assert by_kind["clean"] is None and by_kind["imagenet_a"] == by_kind["imagenet_o_in"] == [1, 2]  # A and O wnids
+    assert by_kind["imagenet_r"] == [2]
+    assert require_datamodule(SimpleNamespace(datamodule=dm), VisionData) is dm
+
+
+@pytest.mark.parametrize(("kind", "folders"), [("a", [NOT_A_WNID]), ("r", A_WNIDS), ("o", [NOT_A_WNID, A_WNIDS[0]])])
+def test_a_robustness_root_of_another_set_is_refused(tmp_path: Path, imagenet: Path, kind: str, folders: list[str]):
+    make_tree(tmp_path / kind, folders, per_class=1)
+    dm = ImageNetDataModule(root=str(imagenet), **{f"imagenet_{kind}_root": str(tmp_path / kind)}, **FAST)
+    with pytest.raises(
+        ValueError, match=rf"class folders that are not imagenet_{kind} wnids .*data.imagenet_{kind}_root"
+    ):
+        dm.prepare_data()
 
 
 def test_eval_subset_spreads_over_classes(robustness: dict[str, str]):

@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, LightningDataModule, Trainer
 from sklearn.metrics import average_precision_score
 from torch import nn
+from torch.utils.data import DataLoader
 
 from kpca.attention import AttentionSpec
 from kpca.vision_cls.attacks import AttackSpec, eps_from_255
@@ -199,6 +200,25 @@ EVAL_SETS = [
     EvalSet("imagenet_o", "imagenet_o"),
     EvalSet("imagenet_o_in", "imagenet_o_in"),
 ]
+
+
+class DigitsWithoutEvalSets(LightningDataModule):
+    """A datamodule that loads test batches but is not a VisionData (no eval_sets, class_indices, batch_size)."""
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader([fake_batch(2)], batch_size=None)
+
+
+def test_test_with_another_datamodule_names_what_it_lacks(tmp_path: Path):
+    trainer = Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(TypeError, match=r"DigitsWithoutEvalSets is not a VisionData: it lacks \['batch_size', 'class_"):
+        trainer.test(ClassificationModule(tiny_net()), datamodule=DigitsWithoutEvalSets())
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from kpca.vision_cls.robustness import (
     ood_aupr,
     subset_indices,
     subset_synsets,
-    to_subset_labels,
 )
 from tests.vision_cls.test_data import FAST, WNIDS, make_tree
 
@@ -150,10 +149,17 @@ def test_check_class_folders(tmp_path):
         (tmp_path / wnid).mkdir()
     (tmp_path / "README.txt").write_text("files are not classes")
     assert check_class_folders(tmp_path, "imagenet_r") == subset_synsets("imagenet_r")
-    with pytest.raises(ValueError, match="does not hold the 200 imagenet_a class folders"):
-        check_class_folders(tmp_path, "imagenet_a")
-    with pytest.raises(ValueError, match="is not a folder"):
+    with pytest.raises(ValueError, match=r"holds 114 class folders that are not imagenet_a wnids"):
+        check_class_folders(tmp_path, "imagenet_a")  # ImageNet-R shares 86 of its 200 wnids with ImageNet-A
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
         check_class_folders(tmp_path / "missing", "imagenet_r")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="has no class folders"):
+        check_class_folders(tmp_path / "empty", "imagenet_r")
+    partial = tmp_path / "partial"
+    for wnid in subset_synsets("imagenet_r")[5:2:-1]:
+        (partial / wnid).mkdir(parents=True)
+    assert check_class_folders(partial, "imagenet_r") == subset_synsets("imagenet_r")[3:6]  # sorted: label order
     with pytest.raises(ValueError, match="subset name must be one of"):
         subset_indices("imagenet_c")
 
@@ -174,13 +180,6 @@ def test_masked_logits_by_hand():
         masked_logits(logits, torch.tensor([1.0]))
     with pytest.raises(TypeError, match=r"logits must be .*\(B, K\)"):
         masked_logits(logits[0], torch.tensor([1]))
-
-
-def test_to_subset_labels():
-    indices = torch.tensor([2, 5, 7])
-    assert to_subset_labels(torch.tensor([5, 0, 7, 2]), indices, num_classes=10).tolist() == [1, -1, 2, 0]
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, 10\)"):
-        to_subset_labels(torch.tensor([10]), indices, num_classes=10)
 
 
 def test_anomaly_score_by_hand():

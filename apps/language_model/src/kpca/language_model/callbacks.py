@@ -11,6 +11,8 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from kpca.language_model.data import LanguageData
+from kpca.training.data import require_datamodule
 from kpca.training.files import write_atomic
 
 logger = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ class SampleText(pl.Callback):
         writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not writers:
             return
-        texts = pl_module.generate_text(list(trainer.datamodule.hparams.predict_prompts))
+        texts = pl_module.generate_text(list(require_datamodule(trainer, LanguageData).predict_prompts))
         markdown = "\n\n".join(f"    {text}".replace("\n", "\n    ") for text in texts)  # code blocks keep newlines
         for writer in writers:
             writer.add_text("samples/text", markdown, global_step=trainer.global_step)

@@ -15,9 +15,8 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -35,7 +34,7 @@ from kpca.language_model.corpus import (
 from kpca.language_model.tokenizer import Tokenizer, TokenizerConfig, train_tokenizer
 from kpca.language_model.word_swap import WordSwap, word_swap
 from kpca.language_model.word_tokenizer import WordTokenizer
-from kpca.training.data import UnpaddedDistributedSampler, per_device_batch_size
+from kpca.training.data import ProjectDataModule
 from kpca.training.files import write_atomic
 
 BUILTIN = "builtin"
@@ -188,7 +187,30 @@ class Prompts(Dataset):
         return self.items[index]
 
 
-class WikiTextDataModule(pl.LightningDataModule):
+class LanguageData(Protocol):
+    """What :class:`~kpca.language_model.module.LanguageModelModule` and its callbacks read from the datamodule.
+
+    :class:`WikiTextDataModule` provides it. The module and the sample-text callback check any other datamodule
+    against it (:func:`kpca.training.data.require_datamodule`), naming what is missing.
+
+    Attributes:
+        arrays: The token arrays by evaluation set name (words and tokens count the perplexities).
+        tokenizer: The tokenizer (None until ``setup``), which encodes prompts and decodes generations.
+        predict_prompts: The texts that ``predict`` and the sample-text callback continue.
+    """
+
+    arrays: dict[str, TokenArray]
+    tokenizer: Tokenizer | WordTokenizer | None
+    predict_prompts: tuple[str, ...]
+
+    def eval_names(self, stage: str) -> list[str]:
+        """Names of the evaluation sets of ``stage``, in dataloader order."""
+
+    def scored_tokens(self, name: str) -> int:
+        """How many tokens of evaluation set ``name`` are scored."""
+
+
+class WikiTextDataModule(ProjectDataModule):
     """WikiText-103 as tokens, for training, sliding-window evaluation and the word-swap attack.
 
     Where the text comes from, in order: ``data_dir: builtin`` (CPython's docs, written once into the
@@ -208,7 +230,8 @@ class WikiTextDataModule(pl.LightningDataModule):
         hf_data_files: split -> file mapping passed to ``load_dataset`` (``train``, ``validation``, ``test``).
         text_files: ``raw`` (``wiki.*.raw``, the original text) or ``tokens`` (``wiki.*.tokens``, the
             tokenised text with ``<unk>`` that the authors' word-level models read).
-        cache_dir: where the corpus copy, tokenizer and token arrays are cached.
+        cache_dir: where the corpus copy, tokenizer and token arrays are cached; None: ``$KPCA_CACHE/language_model``
+            (``~/.cache/kpca/language_model`` without ``$KPCA_CACHE``).
         tokenizer: which tokenizer and its settings (built from the train split once per setting).
         context: tokens per training block and evaluation window (N).
         batch_size: training blocks per step over all devices and nodes (the global batch; the paper: 96);
@@ -232,7 +255,7 @@ class WikiTextDataModule(pl.LightningDataModule):
         hf_name: str | None = "wikitext-103-raw-v1",
         hf_data_files: dict[str, str] | None = None,
         text_files: Literal["raw", "tokens"] = "raw",
-        cache_dir: str = "~/.cache/kpca/language_model",
+        cache_dir: str | None = None,
         tokenizer: TokenizerConfig = TokenizerConfig(),  # noqa: B008 (frozen dataclass)
         context: int = 256,
         batch_size: int = 96,
@@ -244,9 +267,16 @@ class WikiTextDataModule(pl.LightningDataModule):
         test_splits: tuple[str, ...] = ("valid", "test"),
         predict_prompts: tuple[str, ...] = DEFAULT_PROMPTS,
     ) -> None:
-        super().__init__()
-        if context < 1 or batch_size < 1:
-            raise ValueError(f"context and batch_size must be >= 1, got {context}, {batch_size}")
+        super().__init__(
+            batch_size=batch_size,
+            num_workers=num_workers,
+            cache_dir=cache_dir,
+            app_folder="language_model",
+            eval_batch_size=eval_batch_size,
+            persistent_workers=True,
+        )
+        if context < 1:
+            raise ValueError(f"context={context} must be >= 1 (tokens per training block and evaluation window)")
         bad = [s for s in test_splits if s not in SPLITS]
         if bad or not test_splits:
             raise ValueError(f"test_splits must be a non-empty subset of {SPLITS}, got {list(test_splits)}")
@@ -255,11 +285,9 @@ class WikiTextDataModule(pl.LightningDataModule):
         if data_dir == BUILTIN and text_files != "raw":
             raise ValueError("data_dir: builtin is raw text only; set text_files: raw, or give a wiki.*.tokens folder")
         self.save_hyperparameters()
-        self.cache_dir = Path(cache_dir).expanduser()
         self.tokenizer_config = tokenizer
-        self.context, self.batch_size = context, batch_size
-        self.eval_batch_size = eval_batch_size
-        self.batch_size_per_device = batch_size
+        self.context = context
+        self.predict_prompts = tuple(predict_prompts)
         self.eval_stride = eval_stride or max(context // 2, 1)
         self.word_swap = word_swap
         self.tokenizer: Tokenizer | WordTokenizer | None = None
@@ -330,9 +358,8 @@ class WikiTextDataModule(pl.LightningDataModule):
         self._load()
 
     def setup(self, stage: str) -> None:
-        """Load the tokenizer and token arrays, and split the global batches over the processes."""
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        self.batch_size_per_device = per_device_batch_size(self.batch_size, world_size)
+        """Split the global batch over the processes (:class:`ProjectDataModule`), load the tokenizer and tokens."""
+        super().setup(stage)
         self._load()
 
     def _load(self) -> None:
@@ -357,36 +384,25 @@ class WikiTextDataModule(pl.LightningDataModule):
         return path
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(TokenBlocks(self.arrays["train"], self.context), self.batch_size_per_device, shuffle=True)
+        """Shuffled training blocks of the per-device batch; the last partial batch is kept."""
+        return self.train_loader(TokenBlocks(self.arrays["train"], self.context), drop_last=False)
 
     def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("valid")
+        """Sliding windows over the validation split."""
+        return self._windows_loader("valid")
 
     def test_dataloader(self) -> list[DataLoader]:
-        return [self._eval_loader(name) for name in self.eval_names("test")]
+        """One loader of sliding windows per name of ``eval_names("test")``, in that order."""
+        return [self._windows_loader(name) for name in self.eval_names("test")]
 
     def predict_dataloader(self) -> DataLoader:
-        prompts = Prompts(list(self.hparams.predict_prompts), self.tokenizer)
+        """The prompts, one ``(text, token ids)`` per batch."""
+        prompts = Prompts(list(self.predict_prompts), self.tokenizer)
         return DataLoader(prompts, batch_size=1, collate_fn=lambda items: items[0])
 
-    def _eval_loader(self, name: str) -> DataLoader:
+    def _windows_loader(self, name: str) -> DataLoader:
+        """Sliding windows over evaluation set ``name``, each on exactly one rank under DDP."""
         windows = SlidingWindows(
             self.arrays[name], self.context, self.eval_stride, self.tokenizer.eos_id, self.hparams.score_first_token
         )
-        sampler = None
-        trainer = self.trainer
-        if trainer is not None and trainer.world_size > 1:  # each window on exactly one rank, none repeated
-            sampler = UnpaddedDistributedSampler(windows, trainer.world_size, trainer.global_rank)
-        return self._loader(windows, self.eval_batch_size or self.batch_size_per_device, shuffle=False, sampler=sampler)
-
-    def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool, sampler=None) -> DataLoader:
-        workers = self.hparams.num_workers
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            pin_memory=torch.cuda.is_available(),
-        )
+        return self.eval_loader(windows)

@@ -11,7 +11,9 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
+from kpca.language_model.data import LanguageData
 from kpca.language_model.perplexity import NLLTotals, perplexity_rows, write_perplexity_report
+from kpca.training.data import require_built, require_datamodule
 from kpca.training.module import NetModule
 from kpca.training.optim import parameter_groups, warmup_cosine
 
@@ -74,8 +76,13 @@ class LanguageModelModule(NetModule):
         self.log("train/ppl", torch.exp(loss.detach()), on_step=True, on_epoch=False)
         return loss
 
+    @property
+    def data(self) -> LanguageData:
+        """The trainer's datamodule as the :class:`LanguageData` this module reads; TypeError names what it lacks."""
+        return require_datamodule(self.trainer, LanguageData)
+
     def _start_eval(self, stage: str) -> None:
-        self.eval_names = self.trainer.datamodule.eval_names(stage)
+        self.eval_names = self.data.eval_names(stage)
         self.eval_totals = nn.ModuleDict({name: NLLTotals() for name in self.eval_names}).to(self.device)
 
     def _eval_step(self, batch, dataloader_idx: int) -> None:
@@ -84,7 +91,7 @@ class LanguageModelModule(NetModule):
         self.eval_totals[self.eval_names[dataloader_idx]].update(nll, torch.ones_like(nll, dtype=torch.bool))
 
     def _eval_results(self) -> list[dict]:
-        data = self.trainer.datamodule
+        data = self.data
         sets = {
             name: (totals, data.arrays[name].words, data.arrays[name].length, data.scored_tokens(name))
             for name, totals in self.eval_totals.items()
@@ -122,7 +129,7 @@ class LanguageModelModule(NetModule):
 
     def generate_text(self, prompts: list[str]) -> list[str]:
         """Continue each prompt with the ``generation`` settings; returns the prompts with their continuations."""
-        tokenizer = self.trainer.datamodule.tokenizer
+        tokenizer = require_built(self.data.tokenizer, "predict")
         settings = self.generation
         generator = torch.Generator(device=self.device).manual_seed(settings.seed)
         texts = []

@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
 
+from kpca.segmentation.data import SegmentationData
 from kpca.segmentation.metrics import IGNORE_INDEX
 from kpca.training.callbacks import tensorboard_writer
+from kpca.training.data import require_datamodule
 
 
 def overlay(image: torch.Tensor, labels: torch.Tensor, palette: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
@@ -60,7 +62,8 @@ class SegmentationOverlays(pl.Callback):
         writer = tensorboard_writer(trainer)
         if writer is None or not self._samples or trainer.sanity_checking:
             return
-        palette = torch.tensor(trainer.datamodule.palette, dtype=torch.float32) / 255.0  # (K, 3)
+        palette = require_datamodule(trainer, SegmentationData).palette
+        palette = torch.tensor(palette, dtype=torch.float32) / 255.0  # (K, 3)
         for name, image, label in self._samples:
             pred = pl_module.predict_image(image.to(pl_module.device), label.shape)[1].cpu()  # (H0, W0)
             plain = overlay(image, torch.full_like(label, IGNORE_INDEX), palette)

@@ -16,26 +16,19 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import mmseg.datasets  # noqa: F401 (registers mmseg's transforms; kpca.segmentation has installed the shim)
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningDataModule
 from mmseg.datasets import ADE20KDataset
 from mmseg.registry import TRANSFORMS
 from torch.utils.data import DataLoader, Dataset
 
 from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
 from kpca.segmentation.corruption_sets import resolve_corruption_set
-from kpca.training.data import (
-    UnpaddedDistributedSampler,
-    default_cache_dir,
-    evenly_spaced,
-    per_device_batch_size,
-    require_built,
-)
+from kpca.training.data import ProjectDataModule, evenly_spaced, require_built
 from kpca.training.image_corruptions import check_corruptions, corrupt_seeded
 
 ADE20K_LAYOUT = (
@@ -162,7 +155,27 @@ def collate_lists(samples: list[tuple[torch.Tensor, torch.Tensor, str]]) -> dict
     }
 
 
-class ADE20KDataModule(LightningDataModule):
+class SegmentationData(Protocol):
+    """What :class:`~kpca.segmentation.module.SegmentationModule` and its overlay callback read from the datamodule.
+
+    :class:`ADE20KDataModule` provides it. The module and the callback check any other datamodule against it
+    (:func:`kpca.training.data.require_datamodule`), naming what is missing.
+    """
+
+    @property
+    def eval_sets(self) -> list[tuple[str, str | None, int | None]]:
+        """``(name, corruption, severity)`` per test dataloader, in that order; the clean set first."""
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The class names, in label order (for the per-class report)."""
+
+    @property
+    def palette(self) -> list[list[int]]:
+        """An RGB colour per class, for overlays."""
+
+
+class ADE20KDataModule(ProjectDataModule):
     """ADE20K (or the built-in synthetic ADE20K) with mmseg's pipelines, and corrupted copies of the validation set.
 
     ``val_dataloader`` and ``predict_dataloader`` give the clean validation set; ``test_dataloader`` gives one
@@ -179,7 +192,7 @@ class ADE20KDataModule(LightningDataModule):
         eval_batch_size: evaluation images per device and step (mmseg: 1).
         num_workers: dataloader worker processes per device.
         multiprocessing_context: ``fork``, ``spawn`` or ``forkserver`` for the workers; None: the platform default.
-        pin_memory: pin batches in page-locked memory (when an accelerator is present).
+        pin_memory: pin batches in page-locked memory (only when the trainer's accelerator is not the CPU).
         crop_size: training crop side S (the paper: 512).
         scale: mmseg's (long, short) resize scale for training (times ``ratio_range``) and evaluation.
         ratio_range: random rescale range of ``scale`` in training.
@@ -216,7 +229,14 @@ class ADE20KDataModule(LightningDataModule):
         severities: list[int] | None = None,
         corruption_seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            batch_size=batch_size,
+            num_workers=num_workers,
+            cache_dir=cache_dir,
+            eval_batch_size=eval_batch_size,
+            pin_memory=pin_memory,
+            multiprocessing_context=multiprocessing_context,
+        )
         if (root is None) == (builtin is None):
             raise ValueError(
                 f"set exactly one of data.root (an ADE20K folder: {ADE20K_LAYOUT}) and data.builtin ('synthetic'); "
@@ -226,12 +246,6 @@ class ADE20KDataModule(LightningDataModule):
         self.root = Path(root) if root is not None else None
         self.builtin = builtin
         self.synthetic = synthetic
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size
-        self.num_workers = num_workers
-        self.multiprocessing_context = multiprocessing_context
-        self.pin_memory = pin_memory
         self.crop_size = crop_size
         self.scale = tuple(scale)
         self.ratio_range = tuple(ratio_range)
@@ -240,7 +254,6 @@ class ADE20KDataModule(LightningDataModule):
         self.eval_subset = eval_subset
         self.corruption_set = corruption_set
         self.corruption_seed = corruption_seed
-        self.batch_size_per_device = batch_size
         self.train_set: MMSegDataset | None = None
         self.val_set: MMSegDataset | None = None
         self.test_sets: list[MMSegDataset] | None = None
@@ -291,9 +304,8 @@ class ADE20KDataModule(LightningDataModule):
         self._check_layout()
 
     def setup(self, stage: str | None = None) -> None:
-        """Build the datasets that ``stage`` needs and the per-device batch size."""
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        self.batch_size_per_device = per_device_batch_size(self.batch_size, world_size)
+        """Split the global batch (:class:`ProjectDataModule`) and build the datasets that ``stage`` needs."""
+        super().setup(stage)
         self._check_layout()
         if stage in (None, "fit") and self.train_set is None:
             pipeline = train_pipeline(self.crop_size, self.scale, self.ratio_range, self.cat_max_ratio)
@@ -305,38 +317,19 @@ class ADE20KDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches of the per-device size, padded to the crop size, last partial batch dropped."""
-        train_set = require_built(self.train_set, "fit")
-        return self._loader(train_set, self.batch_size_per_device, PadCollate(self.crop_size), shuffle=True)
+        return self.train_loader(require_built(self.train_set, "fit"), collate_fn=PadCollate(self.crop_size))
 
     def val_dataloader(self) -> DataLoader:
         """The clean validation set (lists of images at the test scale and labels at the original size)."""
-        return self._loader(require_built(self.val_set, "validate"), self.eval_batch_size, collate_lists)
+        return self.eval_loader(require_built(self.val_set, "validate"), collate_fn=collate_lists)
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per entry of :attr:`eval_sets`, in that order."""
-        return [self._loader(d, self.eval_batch_size, collate_lists) for d in require_built(self.test_sets, "test")]
+        return [self.eval_loader(d, collate_fn=collate_lists) for d in require_built(self.test_sets, "test")]
 
     def predict_dataloader(self) -> DataLoader:
         """The clean validation set."""
-        return self._loader(require_built(self.val_set, "predict"), self.eval_batch_size, collate_lists)
-
-    def _loader(self, dataset: Dataset, batch_size: int, collate, shuffle: bool = False) -> DataLoader:
-        trainer = self.trainer
-        sampler = None
-        if not shuffle and trainer is not None and trainer.world_size > 1:
-            sampler = UnpaddedDistributedSampler(dataset, trainer.world_size, trainer.global_rank)
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            drop_last=shuffle,
-            collate_fn=collate,
-            num_workers=self.num_workers,
-            multiprocessing_context=self.multiprocessing_context if self.num_workers > 0 else None,
-            persistent_workers=False,
-            pin_memory=self.pin_memory and torch.accelerator.is_available(),
-        )
+        return self.eval_loader(require_built(self.val_set, "predict"), collate_fn=collate_lists)
 
     def _dataset(self, split: Literal["train", "val"], pipeline: list, subset: int | None) -> MMSegDataset:
         count = len(list((self.data_root / "images" / SPLIT_FOLDERS[split]).glob("*.jpg")))

@@ -13,9 +13,11 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from torchmetrics import MeanMetric
 
+from kpca.segmentation.data import SegmentationData
 from kpca.segmentation.evaluation import corruption_results, write_reports
 from kpca.segmentation.inference import predict_label_map
 from kpca.segmentation.metrics import IGNORE_INDEX, SegmentationMetrics
+from kpca.training.data import require_datamodule
 from kpca.training.module import NetModule
 from kpca.training.optim import polynomial
 
@@ -100,8 +102,13 @@ class SegmentationModule(NetModule):
         for name in ("mIoU", "mAcc", "aAcc"):
             self.log(f"val/{name}", results[name], prog_bar=name == "mIoU", sync_dist=True)
 
+    @property
+    def data(self) -> SegmentationData:
+        """The trainer's datamodule as the :class:`SegmentationData` this module reads; TypeError names gaps."""
+        return require_datamodule(self.trainer, SegmentationData)
+
     def on_test_start(self) -> None:
-        eval_sets = self.trainer.datamodule.eval_sets
+        eval_sets = self.data.eval_sets
         self.test_metrics = nn.ModuleList(SegmentationMetrics(self.num_classes, IGNORE_INDEX) for _ in eval_sets)
         self.test_metrics.to(self.device)
 
@@ -110,14 +117,15 @@ class SegmentationModule(NetModule):
             self.test_metrics[dataloader_idx].update(self.predict_image(image, label.shape)[1], label)
 
     def on_test_epoch_end(self) -> None:
-        datamodule = self.trainer.datamodule
-        metrics = zip(datamodule.eval_sets, self.test_metrics, strict=True)
+        data = self.data
+        eval_sets = data.eval_sets
+        metrics = zip(eval_sets, self.test_metrics, strict=True)
         per_set = {name: metric.compute() for (name, _, _), metric in metrics}
-        results = corruption_results(per_set, datamodule.eval_sets)
+        results = corruption_results(per_set, eval_sets)
         self.log_dict({f"test/{k}": v for k, v in results.items()}, add_dataloader_idx=False, sync_dist=True)
         report_dir = self.report_dir()  # a collective: every rank asks
         if self.trainer.is_global_zero:
-            write_reports(per_set, datamodule.eval_sets, datamodule.classes, report_dir)
+            write_reports(per_set, eval_sets, data.classes, report_dir)
 
     def predict_step(self, batch: dict[str, list], batch_idx: int, dataloader_idx: int = 0) -> dict[str, list]:
         """Predicted label maps at the original size: ``{"names": [...], "preds": [(H0, W0) uint8, ...]}``."""

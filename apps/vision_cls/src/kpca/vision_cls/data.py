@@ -28,39 +28,30 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-import torch
 from imagecorruptions import get_corruption_names
-from lightning.pytorch import LightningDataModule
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.data.transforms import str_to_interp_mode
 from timm.data.transforms_factory import transforms_imagenet_train
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
-from kpca.training.data import (
-    UnpaddedDistributedSampler,
-    default_cache_dir,
-    evenly_spaced,
-    per_device_batch_size,
-    require_built,
-)
+from kpca.training.data import ProjectDataModule, evenly_spaced, require_built
 from kpca.training.image_corruptions import check_corruptions
 from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset
-from kpca.vision_cls.robustness import subset_synsets
+from kpca.vision_cls.robustness import SubsetName, check_class_folders, subset_synsets
 
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
 Interpolation = Literal["bicubic", "bilinear", "nearest"]
 
 IMAGENET_LAYOUT = "root/train/<class>/*.JPEG and root/val/<class>/*"
 IMAGENET_C_LAYOUT = "imagenet_c_root/<corruption>/<severity>/<wnid>/* (e.g. gaussian_noise/1/n01440764/x.JPEG)"
-SUBSET_LAYOUT = "<root>/<wnid>/* with one folder per class (e.g. n01498041/x.jpg)"
 
 
 @dataclass(frozen=True)
@@ -81,6 +72,26 @@ class EvalSet:
     kind: EvalKind
     corruption: str | None = None
     severity: int | None = None
+
+
+class VisionData(Protocol):
+    """What :class:`~kpca.vision_cls.module.ClassificationModule` reads from the trainer's datamodule.
+
+    :class:`ImageNetDataModule` provides it. The module checks any other datamodule against it
+    (:func:`kpca.training.data.require_datamodule`), naming what is missing.
+
+    Attributes:
+        batch_size: The global training batch, which scales the learning rate.
+    """
+
+    batch_size: int
+
+    @property
+    def eval_sets(self) -> list[EvalSet]:
+        """The test sets, one per test dataloader, in that order."""
+
+    def class_indices(self, eval_set: EvalSet) -> list[int] | None:
+        """The logit columns that ``eval_set``'s labels refer to, or None for all classes."""
 
 
 class _ClassListImageFolder(ImageFolder):
@@ -141,7 +152,7 @@ def _class_folders(directory: Path, layout: str) -> list[str]:
         raise ValueError(f"{directory} has no class sub-folders; expected the layout {layout}.") from None
 
 
-class ImageNetDataModule(LightningDataModule):
+class ImageNetDataModule(ProjectDataModule):
     """ImageNet-1K (or any ImageFolder tree, or the built-in digits) with DeiT's augmentation and robustness test sets.
 
     Loaders yield float32 pixel-space images in [0, 1], (B, 3, H, W); the model normalises with :attr:`mean` and
@@ -170,15 +181,18 @@ class ImageNetDataModule(LightningDataModule):
         re_mode: Random-erasing fill, drawn in normalised space as in timm (see :class:`PixelSpaceRandomErasing`).
         interpolation: Resampling filter of the training crop, of RandAugment and of the evaluation resize.
         repeated_aug: Copies of each training sample per epoch spread over the ranks (DeiT: 3); 1 disables.
-        pin_memory: Pin loaded batches in page-locked memory (only used when an accelerator is present).
+        pin_memory: Pin loaded batches in page-locked memory (only when the trainer's accelerator is not the CPU).
         imagenet_c_root: ImageNet-C root, ``<corruption>/<severity>/<wnid>/*``; every corruption folder found is
             evaluated at each of ``severities`` (the mean corruption accuracy and mCE use the 15 benchmark
             corruptions only; the 4 extra ones get their own rows). Images are center-cropped to ``image_size``
             without resizing, the benchmark's protocol; an image smaller than ``image_size`` is an error.
-        imagenet_a_root: ImageNet-A root (200 wnid folders); labels are positions in sorted wnid order.
-        imagenet_r_root: ImageNet-R root (200 wnid folders); labels are positions in sorted wnid order.
+        imagenet_a_root: ImageNet-A root (200 wnid folders); labels are positions in sorted wnid order. Every
+            folder must be one of ImageNet-A's wnids (so a wrong root, e.g. ImageNet-R, is an error).
+        imagenet_r_root: ImageNet-R root (200 wnid folders); labels are positions in sorted wnid order. Every
+            folder must be one of ImageNet-R's wnids.
         imagenet_o_root: ImageNet-O root (wnid folders of out-of-distribution images, label -1); also adds the
-            in-distribution set ``imagenet_o_in``: the validation images of ImageNet-O's 200 classes.
+            in-distribution set ``imagenet_o_in``: the validation images of ImageNet-O's 200 classes. Every folder
+            must be one of ImageNet-O's wnids.
         corruptions: ``imagecorruptions`` names applied on the fly to the validation set (after the resize and crop),
             each at every severity in ``severities``, e.g. ``[gaussian_noise, fog]``. ``glass_blur`` is compiled by
             numba on first use in each worker (a few seconds).
@@ -213,16 +227,12 @@ class ImageNetDataModule(LightningDataModule):
         severities: tuple[int, ...] = (1, 2, 3, 4, 5),
         eval_subset: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size=batch_size, num_workers=num_workers, cache_dir=cache_dir, pin_memory=pin_memory)
         if (root is None) == (builtin is None):
             raise ValueError(
                 f"Set exactly one of data.root and data.builtin (got root={root!r}, builtin={builtin!r}): "
                 f"root is an ImageFolder tree ({IMAGENET_LAYOUT}), builtin='digits' the built-in digits."
             )
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be positive (it is the global batch over all devices).")
-        if num_workers < 0:
-            raise ValueError(f"num_workers={num_workers} must be 0 (load in the main process) or more.")
         if not 0.0 < crop_pct <= 1.0:
             raise ValueError(f"crop_pct={crop_pct} must be in (0, 1]; DeiT uses 0.875.")
         if not 0.0 < scale[0] <= scale[1] <= 1.0:
@@ -242,9 +252,6 @@ class ImageNetDataModule(LightningDataModule):
             raise ValueError(f"image_size={image_size}: imagecorruptions needs images of at least 32 pixels.")
         self.root = Path(root) if root is not None else None
         self.builtin = builtin
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self.batch_size = batch_size
-        self.num_workers = num_workers
         self.image_size = image_size
         self.crop_pct = crop_pct
         self.scale = tuple(scale)
@@ -255,7 +262,6 @@ class ImageNetDataModule(LightningDataModule):
         self.re_mode = re_mode
         self.interpolation = interpolation
         self.repeated_aug = repeated_aug
-        self.pin_memory = pin_memory
         self.imagenet_c_root = Path(imagenet_c_root) if imagenet_c_root is not None else None
         self.imagenet_a_root = Path(imagenet_a_root) if imagenet_a_root is not None else None
         self.imagenet_r_root = Path(imagenet_r_root) if imagenet_r_root is not None else None
@@ -263,7 +269,6 @@ class ImageNetDataModule(LightningDataModule):
         self.corruptions = tuple(corruptions)
         self.severities = tuple(severities)
         self.eval_subset = eval_subset
-        self.batch_size_per_device = batch_size
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_sets: list[Dataset] | None = None
@@ -326,7 +331,7 @@ class ImageNetDataModule(LightningDataModule):
         class_to_idx = {name: i for i, name in enumerate(self.classes)}
         if eval_set.kind in ("imagenet_a", "imagenet_r"):
             root = self._subset_root(eval_set.kind)
-            wnids = _class_folders(root, SUBSET_LAYOUT)
+            wnids = check_class_folders(root, eval_set.kind)
             missing = [w for w in wnids if w not in class_to_idx]
             if missing:
                 raise ValueError(
@@ -345,9 +350,8 @@ class ImageNetDataModule(LightningDataModule):
         self._check_layout()
 
     def setup(self, stage: str | None = None) -> None:
-        """Build the datasets that ``stage`` needs and the per-device batch size."""
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        self.batch_size_per_device = per_device_batch_size(self.batch_size, world_size)
+        """Split the global batch (:class:`ProjectDataModule`) and build the datasets that ``stage`` needs."""
+        super().setup(stage)
         self._check_layout()
         if stage in (None, "fit") and self.train_set is None:
             self.train_set = ImageFolder(str(self.data_root / "train"), transform=self.train_transform())
@@ -400,7 +404,7 @@ class ImageNetDataModule(LightningDataModule):
         """
         train_set = require_built(self.train_set, "fit")
         if self.repeated_aug == 1:
-            return self._loader(train_set, shuffle=True, drop_last=True)
+            return self.train_loader(train_set)
         trainer = self.trainer
         sampler = RepeatAugSampler(
             train_set,
@@ -409,49 +413,19 @@ class ImageNetDataModule(LightningDataModule):
             num_repeats=self.repeated_aug,
             seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
         )
-        return self._loader(train_set, sampler=sampler, drop_last=True)
+        return self.train_loader(train_set, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
         """The clean validation set."""
-        return self._eval_loader(require_built(self.val_set, "validate"))
+        return self.eval_loader(require_built(self.val_set, "validate"))
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per entry of :attr:`eval_sets`, in that order."""
-        return [self._eval_loader(dataset) for dataset in require_built(self.test_sets, "test")]
+        return [self.eval_loader(dataset) for dataset in require_built(self.test_sets, "test")]
 
     def predict_dataloader(self) -> DataLoader:
         """The clean validation set."""
-        return self._eval_loader(require_built(self.val_set, "predict"))
-
-    def _eval_loader(self, dataset: Dataset) -> DataLoader:
-        """An evaluation loader, in order; under DDP each rank reads its share without padding.
-
-        Lightning would otherwise give each loader a padded ``DistributedSampler`` that repeats items so every rank
-        has the same length, counting those items twice. Being a ``DistributedSampler``, the unpadded sampler is
-        used by Lightning as is.
-        """
-        trainer = self.trainer
-        sampler = None
-        if trainer is not None and trainer.world_size > 1:
-            sampler = UnpaddedDistributedSampler(dataset, trainer.world_size, trainer.global_rank)
-        return self._loader(dataset, sampler=sampler)
-
-    def _loader(
-        self,
-        dataset: Dataset,
-        shuffle: bool = False,
-        drop_last: bool = False,
-        sampler: DistributedSampler | None = None,
-    ) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size_per_device,
-            shuffle=shuffle,
-            sampler=sampler,
-            drop_last=drop_last,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory and torch.accelerator.is_available(),
-        )
+        return self.eval_loader(require_built(self.val_set, "predict"))
 
     def _eval_transform(self) -> Callable:
         return transforms.Compose([self.eval_geometry(), transforms.ToTensor()])
@@ -477,9 +451,9 @@ class ImageNetDataModule(LightningDataModule):
                 f"{self.data_root}: train and val class folders differ (only in train: {only_train[:5]}, only in val: "
                 f"{only_val[:5]}); labels come from the folder names, so both splits need the same classes."
             )
-        for root in (self.imagenet_a_root, self.imagenet_r_root, self.imagenet_o_root):
+        for kind, root in self._subset_roots().items():
             if root is not None:
-                _class_folders(root, SUBSET_LAYOUT)
+                check_class_folders(root, kind)
         if self.imagenet_c_root is not None:
             for corruption in self._imagenet_c_corruptions():
                 for severity in self.severities:
@@ -527,14 +501,17 @@ class ImageNetDataModule(LightningDataModule):
         root = self._subset_root(eval_set.kind)
         return ImageFolder(str(root), transform=self._eval_transform(), target_transform=target_transform)
 
-    def _subset_root(self, kind: EvalKind) -> Path:
-        """The root folder of ImageNet-A, -R or -O."""
-        roots = {
+    def _subset_roots(self) -> dict[SubsetName, Path | None]:
+        """The root folders of ImageNet-A, -R and -O (None where unset)."""
+        return {
             "imagenet_a": self.imagenet_a_root,
             "imagenet_r": self.imagenet_r_root,
             "imagenet_o": self.imagenet_o_root,
         }
-        root = roots.get(kind)
+
+    def _subset_root(self, kind: EvalKind) -> Path:
+        """The root folder of ImageNet-A, -R or -O."""
+        root = self._subset_roots().get(kind)
         if root is None:
             raise ValueError(f"Eval set kind {kind!r} has no folder; set data.{kind}_root.")
         return root

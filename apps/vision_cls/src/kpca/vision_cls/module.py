@@ -14,8 +14,10 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from kpca.training.data import require_datamodule
 from kpca.training.module import NetModule
 from kpca.training.optim import parameter_groups, warmup_cosine
+from kpca.vision_cls.data import VisionData
 from kpca.vision_cls.evaluation import RobustnessEvaluator
 
 
@@ -110,10 +112,16 @@ class ClassificationModule(NetModule):
             self.val_ema_acc1(self.ema.module(images), labels)
             self.log("val/ema_acc1", self.val_ema_acc1)
 
+    @property
+    def data(self) -> VisionData:
+        """The trainer's datamodule as the :class:`VisionData` this module reads; TypeError names what it lacks."""
+        return require_datamodule(self.trainer, VisionData)
+
     def on_test_start(self) -> None:
-        datamodule = self.trainer.datamodule
-        indices = {s.name: datamodule.class_indices(s) for s in datamodule.eval_sets}
-        self.evaluator.start(datamodule.eval_sets, self.net.num_classes, self.device, indices)
+        data = self.data
+        eval_sets = data.eval_sets
+        indices = {s.name: data.class_indices(s) for s in eval_sets}
+        self.evaluator.start(eval_sets, self.net.num_classes, self.device, indices)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self.evaluator.step(self.net, batch, dataloader_idx, batch_idx)
@@ -134,7 +142,7 @@ class ClassificationModule(NetModule):
         optimizer = self.optimizer_factory(parameter_groups(self.net))
         reference = self.hparams.lr_batch_reference
         if reference:
-            global_batch = self.trainer.datamodule.batch_size * self.trainer.accumulate_grad_batches
+            global_batch = self.data.batch_size * self.trainer.accumulate_grad_batches
             for group in optimizer.param_groups:
                 group["lr"] *= global_batch / reference
         total = max(int(self.trainer.estimated_stepping_batches), 1)  # honours max_steps and max_epochs

@@ -22,9 +22,9 @@ Sources, checked against each other:
 
 Label mapping for the 200-class sets: their folders hold 200 wnid sub-folders; torchvision's
 ``ImageFolder`` numbers them in sorted order, which is the order of ``subset_synsets(name)`` and
-of ``subset_indices(name)`` (``check_class_folders`` verifies a folder). So the ImageFolder label
-``i`` is the 1000-class index ``subset_indices(name)[i]``, and ``masked_logits(logits, indices)``
-gives (B, 200) logits whose argmax is directly comparable with that label.
+of ``subset_indices(name)`` (``check_class_folders`` checks that a folder holds the subset's wnids).
+So the ImageFolder label ``i`` is the 1000-class index ``subset_indices(name)[i]``, and
+``masked_logits(logits, indices)`` gives (B, 200) logits whose argmax is directly comparable with that label.
 """
 
 from __future__ import annotations
@@ -239,28 +239,37 @@ def subset_indices(name: SubsetName) -> torch.Tensor:
 
 
 def check_class_folders(root: str | os.PathLike[str], name: SubsetName) -> tuple[str, ...]:
-    """Check that ``root`` holds exactly the subset's 200 wnid folders, so ImageFolder labels match ``subset_indices``.
+    """The class folders of an ImageNet-A, -R or -O root, checked to be the subset's wnids.
+
+    ImageFolder labels the images by the position of their folder in the sorted folder names; the datamodule maps
+    the same names to logit columns, so labels stay right for any of the subset's wnids (all 200 on the released
+    sets). A folder that is not one of them means the root belongs to another set (ImageNet-R given as
+    ImageNet-A, say), which would otherwise be evaluated silently under the wrong name.
 
     Args:
-        root: dataset folder (``imagenet-a/``, ``imagenet-r/``, ``imagenet-o/``, or an ImageNet-val
-            folder restricted to ImageNet-O's classes for its in-distribution half).
+        root: dataset folder (``imagenet-a/``, ``imagenet-r/`` or ``imagenet-o/``), ``<root>/<wnid>/<image>``.
         name: ``imagenet_a``, ``imagenet_r`` or ``imagenet_o``.
 
     Returns:
-        The folder names in ImageFolder label order (equal to ``subset_synsets(name)``).
+        The folder names, sorted: ImageFolder's label order (``subset_synsets(name)`` on the released sets).
+
+    Raises:
+        FileNotFoundError: If ``root`` is not a folder.
+        ValueError: If ``root`` has no class folders, or folders that are not the subset's wnids.
     """
     expected = subset_synsets(name)
     path = Path(root)
+    layout = f"{path}/<wnid>/<image> with {name}'s wnids (e.g. {expected[0]})"
     if not path.is_dir():
-        raise ValueError(f"{name} root {str(path)!r} is not a folder; expected {path}/<wnid>/<image> with 200 wnids")
+        raise FileNotFoundError(f"{name} root {str(path)!r} is not a folder; expected {layout}")
     found = tuple(sorted(entry.name for entry in os.scandir(path) if entry.is_dir()))
-    if found != expected:
-        missing = sorted(set(expected) - set(found))
-        extra = sorted(set(found) - set(expected))
+    if not found:
+        raise ValueError(f"{name} root {str(path)!r} has no class folders; expected {layout}")
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected:
         raise ValueError(
-            f"{str(path)!r} does not hold the 200 {name} class folders: "
-            f"{len(missing)} missing (e.g. {missing[:3]}), {len(extra)} unexpected (e.g. {extra[:3]}); "
-            f"point it at the extracted {name.replace('_', '-')} folder"
+            f"{str(path)!r} holds {len(unexpected)} class folders that are not {name} wnids (e.g. {unexpected[:3]}); "
+            f"point data.{name}_root at the extracted {name.replace('_', '-')} folder"
         )
     return found
 
@@ -281,28 +290,6 @@ def masked_logits(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= logits.shape[1]):
         raise ValueError(f"indices must lie in [0, {logits.shape[1]}) (the logits' classes), got {indices.tolist()}")
     return logits.index_select(1, indices.to(logits.device))  # (B, M)
-
-
-def to_subset_labels(labels: torch.Tensor, indices: torch.Tensor, num_classes: int = 1000) -> torch.Tensor:
-    """Map 1000-class labels to positions in a subset, with -1 for classes outside it.
-
-    Use it to keep the ImageNet-val images of ImageNet-O's classes (``to_subset_labels(y, idx) >= 0``).
-
-    Args:
-        labels: (B,) int64 labels in ``[0, num_classes)``.
-        indices: (M,) int64 subset indices, e.g. ``subset_indices("imagenet_o")``.
-        num_classes: size of the full label space.
-
-    Returns:
-        (B,) int64 positions in ``[0, M)``, or -1.
-    """
-    if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or labels.dtype != torch.long:
-        raise TypeError(f"labels must be a 1-D int64 tensor, got {labels!r}")
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        raise ValueError(f"labels must lie in [0, {num_classes}), got values up to {int(labels.max())}")
-    lookup = torch.full((num_classes,), -1, dtype=torch.long, device=labels.device)
-    lookup[indices.to(labels.device)] = torch.arange(indices.numel(), device=labels.device)
-    return lookup[labels]
 
 
 def anomaly_score(logits: torch.Tensor) -> torch.Tensor:

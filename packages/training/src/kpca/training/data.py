@@ -1,20 +1,44 @@
-"""Data helpers every app uses: the cache folder, the global batch split, evaluation subsets and sampler."""
+"""Data plumbing every app shares: :class:`ProjectDataModule`, the module <-> datamodule contract, data helpers.
+
+:class:`ProjectDataModule` owns what no app does differently: the global batch split over processes, the
+DataLoaders (workers, pinned memory for the trainer's accelerator, the unpadded evaluation sampler under DDP) and
+the cache folder (``$KPCA_CACHE``). An app's datamodule subclasses it and keeps only its own data: datasets,
+transforms, tokenizers, corruption sets. What a LightningModule reads from its datamodule is a ``typing.Protocol``
+in the app's ``data.py``; :func:`require_datamodule` checks the trainer's datamodule against it.
+"""
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
-from torch.utils.data import DistributedSampler
+import lightning.pytorch as pl
+from lightning.pytorch.accelerators import CPUAccelerator
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 T = TypeVar("T")
+P = TypeVar("P")
+_MISSING = object()
 
 
 def default_cache_dir() -> Path:
     """Where generated data goes: ``$KPCA_CACHE`` if set, else ``~/.cache/kpca``."""
     return Path(os.environ.get("KPCA_CACHE", Path.home() / ".cache" / "kpca"))
+
+
+def resolve_cache_dir(cache_dir: str | Path | None, app_folder: str = "") -> Path:
+    """The cache folder of an app: ``cache_dir`` (``~`` expanded) if given, else ``default_cache_dir() / app_folder``.
+
+    Args:
+        cache_dir: the ``data.cache_dir`` setting; None for the default.
+        app_folder: the app's sub-folder of the default cache (``""``: the cache itself).
+    """
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    return default_cache_dir() / app_folder
 
 
 def per_device_batch_size(global_batch: int, world_size: int, name: str = "data.batch_size") -> int:
@@ -75,3 +99,158 @@ class UnpaddedDistributedSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.total_size, self.num_replicas))
+
+
+def protocol_members(protocol: type) -> list[str]:
+    """The public attributes, properties and methods a ``typing.Protocol`` class declares (its bases' included)."""
+    names: set[str] = set()
+    for cls in protocol.__mro__:
+        if cls in (object, Protocol) or not getattr(cls, "_is_protocol", False):
+            continue
+        names.update(name for name in (*vars(cls), *getattr(cls, "__annotations__", {})) if not name.startswith("_"))
+    return sorted(names)
+
+
+def require_datamodule(trainer: pl.Trainer, protocol: type[P]) -> P:
+    """The trainer's datamodule, checked to provide every member of ``protocol`` (what the caller reads from it).
+
+    Members are looked up without evaluating them (a property that reads folders is not run), so the check is cheap
+    and never fails for another reason than a missing member.
+
+    Args:
+        trainer: the trainer whose ``datamodule`` is read.
+        protocol: the app's contract, e.g. ``VisionData``.
+
+    Raises:
+        RuntimeError: If the trainer runs without a datamodule (dataloaders were passed instead).
+        TypeError: If the datamodule lacks members of ``protocol``; the error names them.
+    """
+    members = protocol_members(protocol)
+    datamodule = trainer.datamodule
+    if datamodule is None:
+        raise RuntimeError(
+            f"This module reads {protocol.__name__} ({', '.join(members)}) from the trainer's datamodule, but the "
+            "trainer has none; pass datamodule=... (the app's data section) instead of dataloaders."
+        )
+    missing = [name for name in members if inspect.getattr_static(datamodule, name, _MISSING) is _MISSING]
+    if missing:
+        raise TypeError(
+            f"{type(datamodule).__name__} is not a {protocol.__name__}: it lacks {missing}. Use the app's datamodule, "
+            f"or give yours every member of {protocol.__name__} ({', '.join(members)})."
+        )
+    return datamodule
+
+
+class ProjectDataModule(pl.LightningDataModule):
+    """The loader plumbing of every app's datamodule: the global batch split, DataLoaders and the cache folder.
+
+    A subclass passes its loader settings to ``__init__``, calls ``super().setup(stage)`` first in its ``setup``
+    (which splits the global batch over the processes), and builds its loaders with :meth:`train_loader` and
+    :meth:`eval_loader`. Memory is pinned only when asked and the trainer's accelerator is not the CPU (not when
+    CUDA merely exists: a CPU run on a GPU machine does not pin). Evaluation loaders read each item on exactly one
+    rank under DDP (:class:`UnpaddedDistributedSampler`).
+
+    Args:
+        batch_size: global training batch over all devices and nodes; each process loads
+            ``batch_size // world_size`` (:meth:`setup` raises ValueError if it does not divide).
+        num_workers: DataLoader worker processes per device (0 loads in the main process).
+        cache_dir: where generated data goes; None: ``$KPCA_CACHE`` (else ``~/.cache/kpca``) / ``app_folder``.
+        app_folder: the app's sub-folder of the default cache (``""``: the cache itself).
+        eval_batch_size: evaluation items per device and step; None: the per-device training batch.
+        pin_memory: pin batches in page-locked memory when the trainer's accelerator is not the CPU.
+        persistent_workers: keep the workers between epochs (only with workers).
+        multiprocessing_context: start method of the workers (``fork``, ``spawn``, ``forkserver``); None: the
+            platform default (only with workers).
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        num_workers: int,
+        cache_dir: str | Path | None = None,
+        app_folder: str = "",
+        eval_batch_size: int | None = None,
+        pin_memory: bool = True,
+        persistent_workers: bool = False,
+        multiprocessing_context: str | None = None,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be positive (it is the global batch over all devices).")
+        if num_workers < 0:
+            raise ValueError(f"num_workers={num_workers} must be 0 (load in the main process) or more.")
+        if eval_batch_size is not None and eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size={eval_batch_size} must be positive, or None for the training share.")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.cache_dir = resolve_cache_dir(cache_dir, app_folder)
+        self.eval_batch_size = eval_batch_size
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.multiprocessing_context = multiprocessing_context
+        self.batch_size_per_device = batch_size
+
+    def setup(self, stage: str | None = None) -> None:
+        """Split the global batch over the trainer's processes (one without a trainer); subclasses call it first."""
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        self.batch_size_per_device = per_device_batch_size(self.batch_size, world_size)
+
+    @property
+    def pins_memory(self) -> bool:
+        """Whether loaders pin memory: ``pin_memory`` is set and the trainer's accelerator is not the CPU."""
+        return self.pin_memory and self.trainer is not None and not isinstance(self.trainer.accelerator, CPUAccelerator)
+
+    def train_loader(
+        self,
+        dataset: Dataset,
+        sampler: Sampler | None = None,
+        drop_last: bool = True,
+        collate_fn: Callable[[list], Any] | None = None,
+    ) -> DataLoader:
+        """Training batches of the per-device size, shuffled unless ``sampler`` orders them.
+
+        Args:
+            dataset: the training set.
+            sampler: the sampler (a ``DistributedSampler`` built for this rank, used by Lightning as is); None
+                shuffles, and under DDP Lightning swaps in its ``DistributedSampler``.
+            drop_last: drop the last partial batch.
+            collate_fn: how samples become a batch; None: PyTorch's default.
+        """
+        return self._loader(dataset, self.batch_size_per_device, sampler is None, sampler, drop_last, collate_fn)
+
+    def eval_loader(self, dataset: Dataset, collate_fn: Callable[[list], Any] | None = None) -> DataLoader:
+        """Evaluation batches of ``eval_batch_size`` (default the per-device training batch), in order.
+
+        Under DDP each rank reads its share without padding (:class:`UnpaddedDistributedSampler`): Lightning's own
+        ``DistributedSampler`` would repeat items so that every rank has the same length, counting them twice.
+        """
+        trainer = self.trainer
+        sampler = None
+        if trainer is not None and trainer.world_size > 1:
+            sampler = UnpaddedDistributedSampler(dataset, trainer.world_size, trainer.global_rank)
+        batch_size = self.eval_batch_size or self.batch_size_per_device
+        return self._loader(dataset, batch_size, False, sampler, False, collate_fn)
+
+    def _loader(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        shuffle: bool,
+        sampler: Sampler | None,
+        drop_last: bool,
+        collate_fn: Callable[[list], Any] | None,
+    ) -> DataLoader:
+        workers = self.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
+            num_workers=workers,
+            persistent_workers=self.persistent_workers and workers > 0,
+            multiprocessing_context=self.multiprocessing_context if workers > 0 else None,
+            pin_memory=self.pins_memory,
+        )
