@@ -82,7 +82,7 @@ def test_the_language_model_installs_no_vision_dependency():
     closure = _requirement_closure("kpca-language-model")
     assert {"kpca-attention", "kpca-training", "torch", "lightning", "sentencepiece"} <= closure
     assert not closure & {canonicalize_name(n) for n in VISION_DEPENDENCIES | {"kpca-vision-cls"}}, sorted(closure)
-    for app in ("kpca-vision-cls", "kpca-segmentation"):  # the ViT apps get kpca.training.vision's extra
+    for app in ("kpca-vision-cls", "kpca-segmentation"):  # the image apps: timm, kpca-training's [vision] extra
         assert {"timm", "torchvision", "imagecorruptions-imaug"} <= _requirement_closure(app)
 
 
@@ -95,7 +95,7 @@ def test_the_language_model_fits_without_importing_vision_code(tmp_path: Path):
         f"main(['fit', '-c', 'configs/trainer/cpu.yaml', '-c', 'configs/language_model/smoke.yaml',"
         f" '--trainer.fast_dev_run=1', '--trainer.enable_progress_bar=false', '--data.cache_dir={tmp_path}',"
         f" '--trainer.default_root_dir={tmp_path}'])\n"
-        "vision = {'timm', 'imagecorruptions', 'sklearn', 'kpca.vision_cls', 'kpca.training.vision'}\n"
+        "vision = {'timm', 'imagecorruptions', 'sklearn', 'kpca.vision_cls', 'kpca.attention.vit'}\n"
         "print(sorted(name for name in sys.modules if name in vision))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -34,3 +34,22 @@ def outputs_and_grads(fn, *inputs):
     weights = torch.linspace(-1.0, 2.0, out.numel(), dtype=out.dtype).view_as(out)
     grads = torch.autograd.grad((out * weights).sum() + out.square().sum(), inputs)
     return out, grads
+
+
+def assert_vit_holds(vit: torch.nn.Module, state: dict[str, torch.Tensor], attn_dim: int) -> None:
+    """Assert that ``vit`` holds the checkpoint ``state`` (timm key names), its qkv rows in the model's layout.
+
+    Every model tensor equals the checkpoint's, except a qkv weight or bias: its K and V rows (the last
+    2 * ``attn_dim``) equal the checkpoint's, and its Q rows, if the model has them, equal the checkpoint's Q, or
+    the model's own K where the checkpoint is symmetric (``[K;V]``, no Q).
+    """
+    for key, value in vit.state_dict().items():
+        source = state[key]
+        if not key.endswith((".qkv.weight", ".qkv.bias")):
+            assert torch.equal(value, source), key
+            continue
+        kv = 2 * attn_dim
+        assert value.shape[0] in (kv, kv + attn_dim), f"{key}: {tuple(value.shape)} is no qkv of width {attn_dim}"
+        assert torch.equal(value[-kv:], source[-kv:]), f"{key}: the K and V rows differ from the checkpoint's"
+        if value.shape[0] > kv:  # the first rows of [Q;K;V] are Q, of [K;V] K: Q is the checkpoint's Q, else its K
+            assert torch.equal(value[:attn_dim], source[:attn_dim]), f"{key}: Q is neither the checkpoint's Q nor K"

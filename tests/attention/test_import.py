@@ -1,4 +1,4 @@
-"""The package imports, and runs, on a machine without triton; the Triton backend does not import functional."""
+"""The package imports, and runs, without triton or timm; the Triton backend does not import functional."""
 
 import ast
 import subprocess
@@ -15,17 +15,20 @@ from .helpers import REQUIRE_TRITON_ENV, require_triton
 CODE = """
 import sys
 sys.modules["triton"] = None  # any `import triton` now raises ImportError
+sys.modules["timm"] = None  # the same for timm: only kpca.attention.vit needs it
 import torch
 import kpca.attention as A
 k = torch.randn(1, 2, 8, 4)
 out = A.rpc_attention(k, k, n_iter=2, lambd=4.0, backend="auto")
 assert out.shape == (1, 2, 8, 4)
-assert "triton" not in {name.split(".")[0] for name, mod in sys.modules.items() if mod is not None}
+assert A.AttentionSpec(kind="rpc").build(8, 2)(torch.randn(1, 3, 8)).shape == (1, 3, 8)
+assert not {"triton", "timm"} & {name.split(".")[0] for name, mod in sys.modules.items() if mod is not None}
+assert "kpca.attention.vit" not in sys.modules
 print("ok")
 """
 
 
-def test_imports_without_triton():
+def test_imports_without_triton_or_timm():
     result = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

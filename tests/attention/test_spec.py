@@ -7,7 +7,8 @@ import pytest
 import torch
 from lightning.pytorch.cli import LightningCLI
 
-from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention
+from kpca.attention import AlphaAsymAttention, AttentionSpec, RPCAttention, ScaledAttention, SoftmaxAttention
+from kpca.attention.spec import KINDS
 
 
 def test_build_each_kind():
@@ -18,6 +19,20 @@ def test_build_each_kind():
     assert isinstance(AttentionSpec(kind="softmax").build(24, 3), SoftmaxAttention)
     assert AttentionSpec(layers=[3, 1]).block_indices(4) == [1, 3]
     assert AttentionSpec().block_indices(3) == [0, 1, 2]
+
+
+def test_every_kind_builds_its_module():
+    expected = {
+        "softmax": (SoftmaxAttention, False),
+        "symmetric": (SoftmaxAttention, True),
+        "rpc": (RPCAttention, True),
+        "scaled_s": (ScaledAttention, False),
+        "scaled_alpha": (AlphaAsymAttention, False),
+    }
+    assert set(KINDS) == set(expected)  # a new kind gets a row here
+    for kind, (cls, symmetric) in expected.items():
+        module = AttentionSpec(kind=kind, num_tokens=5).build(24, 3, qkv_bias=True)
+        assert type(module) is cls and module.symmetric == symmetric and module.qkv.bias is not None, kind
 
 
 @pytest.mark.parametrize("layers", ["all", [2, 0]])

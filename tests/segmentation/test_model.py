@@ -7,13 +7,15 @@ import pytest
 import torch
 
 from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention
+from kpca.attention.vit import create_vit
 from kpca.segmentation.model import MaskTransformerHead, Segmenter
-from kpca.training.vision.vit import build_vit
+from tests.attention.helpers import assert_vit_holds
 
 pytestmark = pytest.mark.mmseg
 
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "drop_path_rate": 0.0}
 RPC = AttentionSpec(kind="rpc", n_iter=6, layers=[0])
+SHALLOW = {"img_size": 32, "depth": 2, "drop_path_rate": 0.0}  # DeiT's width and heads, 2 blocks on 2 x 2 patches
 
 
 def test_head_maps_patch_tokens_to_class_masks():
@@ -134,7 +136,7 @@ def test_unknown_arch_is_rejected():
 
 
 def test_init_from_a_classifier_checkpoint_skips_the_head_and_interpolates_pos_embed(tmp_path: Path):
-    vit = build_vit("deit_tiny", AttentionSpec(kind="symmetric"), num_classes=10, **{**TINY, "img_size": 16})
+    vit = create_vit("deit_tiny", AttentionSpec(kind="symmetric"), num_classes=10, **{**TINY, "img_size": 16})
     path = tmp_path / "classifier.ckpt"  # a vision-cls checkpoint: the classifier's ViT under net.vit.
     torch.save({"state_dict": {f"net.vit.{k}": v for k, v in vit.state_dict().items()}}, path)
     net = Segmenter(num_classes=5, attention=RPC, init_from=str(path), **TINY)  # 2 x 2 grid -> 4 x 4 grid
@@ -143,3 +145,21 @@ def test_init_from_a_classifier_checkpoint_skips_the_head_and_interpolates_pos_e
     with pytest.raises(ValueError, match="shape mismatch") as info:
         Segmenter(num_classes=5, init_from=str(path), **{**TINY, "embed_dim": 64})
     assert "skipped on purpose" in str(info.value) and "head.weight" in str(info.value)
+
+
+@pytest.mark.parametrize(("arch", "width"), [("deit_tiny", 192), ("deit_small", 384), ("deit_base", 768)])
+@pytest.mark.parametrize(
+    ("source_kind", "encoder"),
+    [("softmax", RPC), ("symmetric", AttentionSpec())],
+    ids=["deit-to-rpc", "symvit-to-deit"],
+)
+def test_init_from_a_deit_or_symvit_file_at_deits_widths_fits_the_encoder(
+    arch: str, width: int, source_kind: str, encoder: AttentionSpec, tmp_path: Path
+):
+    source = create_vit(arch, AttentionSpec(kind=source_kind), img_size=32, depth=2)  # DeiT or SymViT, with a head
+    path = tmp_path / "classifier.pth"
+    torch.save({"model": source.state_dict()}, path)
+    net = Segmenter(arch, num_classes=3, attention=encoder, decoder_dim=64, init_from=str(path), **SHALLOW)
+    rows = 2 * width if encoder.kind == "rpc" else 3 * width  # RPC: [K;V] from DeiT's [Q;K;V]; DeiT: Q from K
+    assert [b.attn.qkv.out_features for b in net.vit.blocks] == [rows] * 2
+    assert_vit_holds(net.vit, source.state_dict(), width)

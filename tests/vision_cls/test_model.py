@@ -11,11 +11,15 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV2, NativeScaler, get_state_dict
 
 from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention, swap_attention
-from kpca.training.vision.checkpoints import load_weights
+from kpca.attention.vit import load_vit_state_dict
+from kpca.training.checkpointing.weights import read_state_dict
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
+from tests.attention.helpers import assert_vit_holds
 
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
+SHALLOW = {"img_size": 32, "depth": 2}  # DeiT's width and heads, 2 blocks on 2 x 2 patches: fast at any width
+DEIT_WIDTHS = [("deit_tiny", 192), ("deit_small", 384), ("deit_base", 768)]
 
 
 def tiny(kind: str = "symmetric", num_classes: int = 5, **kwargs) -> ViTClassifier:
@@ -74,7 +78,7 @@ def test_forward_normalises_pixel_images():
 def test_init_from_timm_deit_file_drops_q_into_symvit(tmp_path: Path):
     timm_vit = timm.create_model("deit_tiny_patch16_224", pretrained=False, num_classes=5, **TINY).eval()
     path = save({"model": timm_vit.state_dict()}, tmp_path / "deit.pth")
-    report = load_weights(tiny("symmetric"), path)
+    report = load_vit_state_dict(tiny("symmetric").vit, read_state_dict(path))
     assert report.clean and report.loaded == len(tiny("symmetric").vit.state_dict())
     assert sorted(report.converted) == [
         f"blocks.{i}.attn.qkv.{p}: K, V rows kept, Q dropped (asymmetric -> symmetric)"
@@ -111,7 +115,7 @@ def test_init_from_other_head_raises_report_unless_not_strict(tmp_path: Path):
     assert "shape mismatch (2):" in message and "head.weight: checkpoint (10, 32) vs model (5, 32)" in message
     target = tiny("symmetric", num_classes=5)
     head_before = target.vit.head.weight.detach().clone()
-    report = load_weights(target, path, strict=False)
+    report = load_vit_state_dict(target.vit, read_state_dict(path), strict=False)
     assert report.mismatched == [
         "head.weight: checkpoint (10, 32) vs model (5, 32)",
         "head.bias: checkpoint (10,) vs model (5,)",
@@ -125,15 +129,44 @@ def test_init_from_other_head_raises_report_unless_not_strict(tmp_path: Path):
 def test_init_from_interpolates_pos_embed_to_new_image_size(tmp_path: Path):
     source = tiny("symmetric")  # 32 px: 4 x 4 patches + class token
     path = save({"model": source.vit.state_dict()}, tmp_path / "small.pth")
-    target = tiny("symmetric", img_size=48)  # 6 x 6 patches
-    report = load_weights(target, path)
-    assert report.clean and report.converted == ["pos_embed: interpolated (1, 17, 32) -> (1, 37, 32)"]
-    src, dst = source.vit.pos_embed, target.vit.pos_embed
-    torch.testing.assert_close(dst[:, :1], src[:, :1])  # the class token's embedding is kept
-    grid = src[:, 1:].reshape(1, 4, 4, 32).permute(0, 3, 1, 2)  # (1, C, 4, 4)
-    resized = torch.nn.functional.interpolate(grid, size=(6, 6), mode="bicubic", antialias=True)  # (1, C, 6, 6)
-    torch.testing.assert_close(dst[:, 1:], resized.flatten(2).transpose(1, 2))  # (1, 36, C)
+    target = tiny("symmetric", img_size=48, init_from=str(path))  # 6 x 6 patches
+    assert target.vit.pos_embed.shape == (1, 37, 32)
+    torch.testing.assert_close(target.vit.pos_embed[:, :1], source.vit.pos_embed[:, :1])  # the class token's
     assert target(torch.rand(1, 3, 48, 48)).shape == (1, 5)
+
+
+@pytest.mark.parametrize(
+    ("arch", "width", "kind"),
+    [(arch, width, kind) for arch, width in DEIT_WIDTHS[:2] for kind in ("symmetric", "rpc")]
+    + [("deit_base", 768, "rpc")],  # RPC in block 0, symmetric in block 1: both kinds at width 768 in one build
+)
+def test_init_from_a_deit_file_at_deits_widths_keeps_k_and_v(arch: str, width: int, kind: str, tmp_path: Path):
+    deit = timm.create_model(f"{arch}_patch16_224", pretrained=False, num_classes=5, **SHALLOW)
+    path = save(deit.state_dict(), tmp_path / f"{arch}.pth")
+    attention = AttentionSpec(kind=kind, layers=[0] if kind == "rpc" else "all")
+    model = ViTClassifier(arch, num_classes=5, attention=attention, init_from=str(path), **SHALLOW)
+    assert [b.attn.qkv.out_features for b in model.vit.blocks] == [2 * width] * 2  # [K;V]
+    assert_vit_holds(model.vit, deit.state_dict(), width)
+
+
+@pytest.mark.parametrize(("arch", "width"), DEIT_WIDTHS)
+def test_init_from_a_symvit_file_at_deits_widths_starts_deit_with_q_equal_to_k(arch: str, width: int, tmp_path: Path):
+    symvit = ViTClassifier(arch, num_classes=5, attention=AttentionSpec(kind="symmetric"), **SHALLOW).eval()
+    path = save({"model": symvit.vit.state_dict()}, tmp_path / "symvit.pth")
+    deit = ViTClassifier(arch, num_classes=5, init_from=str(path), **SHALLOW).eval()
+    assert [b.attn.qkv.out_features for b in deit.vit.blocks] == [3 * width] * 2  # [Q;K;V]
+    assert_vit_holds(deit.vit, symvit.vit.state_dict(), width)
+    images = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(deit(images), symvit(images))  # symmetric attention is softmax with Q = K
+
+
+@pytest.mark.slow
+def test_init_from_timm_deit_tiny_state_dict_into_a_full_size_symvit(tmp_path: Path):
+    deit = timm.create_model("deit_tiny_patch16_224", pretrained=False)
+    path = save(deit.state_dict(), tmp_path / "deit_tiny.pth")
+    model = ViTClassifier("deit_tiny", attention=AttentionSpec(kind="symmetric"), init_from=str(path))
+    assert_vit_holds(model.vit, deit.state_dict(), 192)
 
 
 def test_init_from_missing_file_names_the_path(tmp_path: Path):

@@ -19,8 +19,8 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from kpca.attention import AttentionSpec, swap_attention
-from kpca.training.vision.checkpoints import load_weights
-from kpca.training.vision.vit import Arch, build_vit
+from kpca.attention.vit import Arch, create_vit, load_vit_state_dict
+from kpca.training.checkpointing.weights import read_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,8 @@ class Segmenter(nn.Module):
         std: per-channel std used to normalise [0, 1] inputs.
         init_from: a classifier checkpoint for the encoder (ours from ``vision-cls``, timm/DeiT, or the authors'
             SymViT/RPC files); its classification head is skipped, position embeddings are interpolated to
-            ``img_size`` and attention weights converted (see :func:`kpca.training.vision.checkpoints.load_weights`).
+            ``img_size`` and attention weights converted to the encoder's (see
+            :func:`kpca.attention.vit.load_vit_state_dict`).
         init_strict: fail on any other mismatch with ``init_from`` (the report is raised); when False, mismatching
             tensors are skipped and the report is logged.
     """
@@ -179,12 +180,12 @@ class Segmenter(nn.Module):
         init_strict: bool = True,
     ) -> None:
         super().__init__()
-        self.vit = build_vit(
+        self.vit = create_vit(
             arch,
             attention,
-            embed_dim,
-            depth,
-            num_heads,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
             num_classes=0,
             img_size=img_size,
             patch_size=patch_size,
@@ -208,7 +209,14 @@ class Segmenter(nn.Module):
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
         if init_from is not None:
-            load_weights(self, init_from, strict=init_strict, skip_prefixes=("head.", "fc_norm.", "head_drop."))
+            load_vit_state_dict(
+                self.vit,
+                read_state_dict(init_from),
+                strict=init_strict,
+                skip_prefixes=("head.", "fc_norm.", "head_drop."),
+                source=f"init_from={init_from!r}",
+                strict_option="init_strict=false",
+            )
 
     @property
     def num_classes(self) -> int:

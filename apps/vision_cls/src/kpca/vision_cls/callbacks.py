@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
-from kpca.attention import RPCAttention, SoftmaxAttention
+from kpca.attention import RPCAttention
+from kpca.attention.capture import project_qkv, record_attention_inputs
 from kpca.training.callbacks import tensorboard_writer
 
 
@@ -26,17 +27,13 @@ def class_token_attention(attn: nn.Module, tokens: torch.Tensor) -> torch.Tensor
     Returns:
         (B, H, N) probabilities of row 0 (the class token).
     """
-    b, n, _ = tokens.shape
     if isinstance(attn, RPCAttention):
         record, attn.record_state = attn.record_state, True
         attn(tokens)
         attn.record_state = record
         q = k = attn.last_state.k_clean  # (B, H, N, D)
     else:
-        n_proj = 2 if isinstance(attn, SoftmaxAttention) and attn.symmetric else 3
-        qkv = attn.qkv(tokens).reshape(b, n, n_proj, attn.num_heads, -1).permute(2, 0, 3, 1, 4)  # (n_proj, B, H, N, D)
-        k = attn.k_norm(qkv[-2])
-        q = k if n_proj == 2 else attn.q_norm(qkv[0])
+        q, k, _, _ = project_qkv(attn, tokens)  # (B, H, N, D) each; q is k for symmetric attention
     scores = q[:, :, :1] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, 1, N)
     return scores.float().softmax(-1)[:, :, 0]  # (B, H, N)
 
@@ -67,19 +64,11 @@ class AttentionMaps(pl.Callback):
         if writer is None or self._images is None or trainer.sanity_checking:
             return
         vit = pl_module.net.vit
-        inputs: dict[int, torch.Tensor] = {}
-        hooks = [
-            vit.blocks[i].attn.register_forward_hook(
-                lambda m, args, out, i=i: inputs.__setitem__(i, args[0].detach()), with_kwargs=False
-            )
-            for i in self.blocks
-        ]
-        with torch.no_grad():
+        with torch.no_grad(), record_attention_inputs(vit) as inputs:
             pl_module.net(self._images.to(pl_module.device))
-        for hook in hooks:
-            hook.remove()
         for i in self.blocks:
-            maps = self._maps(vit.blocks[i].attn, inputs[i], vit)
+            block = range(len(vit.blocks))[i]  # a negative index counts from the end
+            maps = self._maps(vit.blocks[block].attn, inputs[f"blocks.{block}.attn"], vit)
             writer.add_images(f"attention/block{i}", maps, global_step=trainer.global_step)
 
     @torch.no_grad()

@@ -13,8 +13,8 @@ from kpca.training.cli import ProjectCLI
 from kpca.training.trainer import ProjectTrainer
 from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.export import export_timm
 from kpca.vision_cls.module import ClassificationModule
-from kpca.vision_cls.timm_models import export_timm
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,11 @@ class VisionTrainer(ProjectTrainer):
 
 class VisionCLI(ProjectCLI):
     """Adds best/last checkpoints on ``val/acc1``, attention maps, and the class-count link (to ProjectCLI's)."""
+
+    description = (
+        "vision-cls: ImageNet-1K classification with DeiT, SymViT and RPC-SymViT (timm ViTs); fit, validate, test "
+        "(clean, ImageNet-C/A/R/O and adversarial attacks), analyze (kernel PCA) and export (a timm model folder)."
+    )
 
     monitor, mode = "val/acc1", "max"
     trainer_type = VisionTrainer

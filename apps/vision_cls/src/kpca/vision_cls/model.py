@@ -12,8 +12,8 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
 from kpca.attention import AttentionSpec
-from kpca.training.vision.checkpoints import load_weights
-from kpca.training.vision.vit import Arch, build_vit
+from kpca.attention.vit import Arch, create_vit, load_vit_state_dict
+from kpca.training.checkpointing.weights import read_state_dict
 
 
 class ViTClassifier(nn.Module):
@@ -37,7 +37,8 @@ class ViTClassifier(nn.Module):
         mean: per-channel mean used to normalise [0, 1] inputs.
         std: per-channel std used to normalise [0, 1] inputs.
         init_from: checkpoint to start from (ours, timm/DeiT, or the authors' SymViT/RPC format),
-            see :func:`kpca.training.vision.checkpoints.load_weights`.
+            read by :func:`kpca.training.checkpointing.weights.read_state_dict` and converted to this model's
+            attention by :func:`kpca.attention.vit.load_vit_state_dict`.
         init_strict: fail on any mismatch with ``init_from`` (a readable report is raised);
             when False, mismatching tensors are skipped and the report is logged.
     """
@@ -60,12 +61,12 @@ class ViTClassifier(nn.Module):
         init_strict: bool = True,
     ) -> None:
         super().__init__()
-        self.vit = build_vit(
+        self.vit = create_vit(
             arch,
             attention,
-            embed_dim,
-            depth,
-            num_heads,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
             num_classes=num_classes,
             img_size=img_size,
             patch_size=patch_size,
@@ -76,7 +77,13 @@ class ViTClassifier(nn.Module):
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
         if init_from is not None:
-            load_weights(self, init_from, strict=init_strict)
+            load_vit_state_dict(
+                self.vit,
+                read_state_dict(init_from),
+                strict=init_strict,
+                source=f"init_from={init_from!r}",
+                strict_option="init_strict=false",
+            )
 
     @property
     def num_classes(self) -> int:

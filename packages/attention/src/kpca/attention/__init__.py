@@ -1,7 +1,9 @@
 """kpca.attention: softmax, symmetric and RPC-Attention (Principal Attention Pursuit) for PyTorch.
 
 Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into timm ViTs. The paper's
-scaled-attention variants are modules too; its kernel-PCA diagnostics are ``kpca.attention.kernel_pca``.
+scaled-attention variants are modules too; its kernel-PCA diagnostics are ``kpca.attention.kernel_pca``. The
+project's ViTs (timm's DeiT sizes with any attention, in timm's registry, and DeiT <-> SymViT / RPC weights) are
+``kpca.attention.vit``, imported explicitly: it needs timm (the ``timm`` extra), which this package does not.
 """
 
 from kpca.attention._backend import get_backend, set_backend, use_backend

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
+from typing import Literal, get_args
 
 import torch
 
-CONVENTIONS = ("reference", "pcp")
+Convention = Literal["reference", "pcp"]
+CONVENTIONS: tuple[str, ...] = get_args(Convention)
 
 
 def check_qkv(**tensors: torch.Tensor) -> tuple[int, int, int, int]:

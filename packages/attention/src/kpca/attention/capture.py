@@ -15,22 +15,14 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-
-def _head_dim(module: nn.Module) -> int:
-    attn_dim = getattr(module, "attn_dim", None) or module.head_dim * module.num_heads
-    return attn_dim // module.num_heads
-
-
-def is_attention_layer(module: nn.Module) -> bool:
-    """Whether ``module`` has timm's attention layout: a ``qkv`` Linear making 2 or 3 x H x D features."""
-    qkv, heads = getattr(module, "qkv", None), getattr(module, "num_heads", None)
-    if not isinstance(qkv, nn.Linear) or not isinstance(heads, int) or not hasattr(module, "head_dim"):
-        return False
-    return qkv.out_features in (2 * heads * _head_dim(module), 3 * heads * _head_dim(module))
+from kpca.attention.layout import attention_dim, is_attention_layer, split_qkv
 
 
 def attention_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Every attention layer of ``model`` (see :func:`is_attention_layer`) by its qualified name, in order."""
+    """Every attention layer of ``model`` by its qualified name, in order.
+
+    Attention layers are the modules with timm's layout, see :func:`kpca.attention.layout.is_attention_layer`.
+    """
     return {name: m for name, m in model.named_modules() if is_attention_layer(m)}
 
 
@@ -43,17 +35,12 @@ def project_qkv(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch
     """
     if not is_attention_layer(module):
         raise TypeError(f"{type(module).__name__} has no timm attention layout (qkv Linear, num_heads)")
-    b, n, _ = x.shape
-    head_dim = _head_dim(module)
-    n_proj = module.qkv.out_features // (module.num_heads * head_dim)
-    qkv = module.qkv(x).reshape(b, n, n_proj, module.num_heads, head_dim).permute(2, 0, 3, 1, 4)  # (P, B, H, N, D)
-    k_norm = getattr(module, "k_norm", nn.Identity())
-    if n_proj == 2:
-        k, v = qkv.unbind(0)
-        k = k_norm(k)
-        return k, k, v, True
-    q, k, v = qkv.unbind(0)
-    return getattr(module, "q_norm", nn.Identity())(q), k_norm(k), v, False
+    head_dim = attention_dim(module) // module.num_heads
+    q, k, v = split_qkv(module.qkv(x), module.num_heads, head_dim)  # (B, H, N, D) each; q None if symmetric
+    if q is not None:
+        q = getattr(module, "q_norm", nn.Identity())(q)
+    k = getattr(module, "k_norm", nn.Identity())(k)
+    return (k if q is None else q), k, v, q is None
 
 
 @contextlib.contextmanager

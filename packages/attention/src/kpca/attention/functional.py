@@ -8,17 +8,15 @@ exists where SDPA uses a fused kernel (CPU flash, CUDA flash / memory-efficient 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from kpca.attention import _checks
 from kpca.attention._backend import Backend, resolve_backend, run_on_backend
+from kpca.attention._checks import Convention
 from kpca.attention._masks import combine_masks
 from kpca.attention._pap import PapFirst, PapStep, pap_mu
-
-Convention = Literal["reference", "pcp"]
 
 
 @dataclass(frozen=True)

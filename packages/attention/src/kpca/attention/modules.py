@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from kpca.attention._backend import Backend, check_backend
-from kpca.attention._checks import check_pap_args
-from kpca.attention.functional import Convention, RPCState, rpc_attention, softmax_attention
+from kpca.attention._checks import Convention, check_pap_args
+from kpca.attention.functional import RPCState, rpc_attention, softmax_attention
+from kpca.attention.layout import is_symmetric_qkv, qkv_rows, split_qkv
 
 
 class _ProjectedAttention(nn.Module, abc.ABC):
@@ -27,7 +28,7 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         self,
         dim: int,
         num_heads: int,
-        n_proj: int,
+        symmetric: bool,
         attn_head_dim: int | None,
         dim_out: int | None,
         qkv_bias: bool,
@@ -57,8 +58,8 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         self.attn_dim = num_heads * self.head_dim
         self.is_causal = is_causal
         self.backend = backend
-        self.qkv = nn.Linear(dim, n_proj * self.attn_dim, bias=qkv_bias, **dd)
-        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm and n_proj == 3 else nn.Identity()
+        self.qkv = nn.Linear(dim, qkv_rows(self.attn_dim, symmetric), bias=qkv_bias, **dd)
+        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm and not symmetric else nn.Identity()
         self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = norm_layer(self.attn_dim, **dd) if scale_norm else nn.Identity()
@@ -69,7 +70,7 @@ class _ProjectedAttention(nn.Module, abc.ABC):
     @property
     def symmetric(self) -> bool:
         """Whether queries are the keys (the projection makes K and V only)."""
-        return self.qkv.out_features == 2 * self.attn_dim
+        return is_symmetric_qkv(self.qkv.weight, self.attn_dim)
 
     def forward(
         self,
@@ -90,14 +91,9 @@ class _ProjectedAttention(nn.Module, abc.ABC):
             (B, N, dim_out) tokens.
         """
         b, n, _ = x.shape
-        n_proj = self.qkv.out_features // self.attn_dim
-        qkv = self.qkv(x).reshape(b, n, n_proj, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (P, B, H, N, D)
-        if n_proj == 3:
-            q, k, v = qkv.unbind(0)  # (B, H, N, D) each
+        q, k, v = split_qkv(self.qkv(x), self.num_heads, self.head_dim)  # (B, H, N, D) each; q None if symmetric
+        if q is not None:
             q = self.q_norm(q)
-        else:
-            k, v = qkv.unbind(0)  # (B, H, N, D) each
-            q = None
         k = self.k_norm(k)
         out = self._attend(
             k if q is None else q,
@@ -164,7 +160,7 @@ class SoftmaxAttention(_ProjectedAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
-            dim, num_heads, 2 if symmetric else 3, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
+            dim, num_heads, symmetric, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
             proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
         )  # fmt: skip
 
@@ -209,7 +205,7 @@ class RPCAttention(_ProjectedAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
-            dim, num_heads, 2, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
+            dim, num_heads, True, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
             proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
         )  # fmt: skip
         check_pap_args(n_iter, lambd, convention, None)
@@ -283,7 +279,7 @@ class ScaledAttention(_ProjectedAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
-            dim, num_heads, 3, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
+            dim, num_heads, False, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
             proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
         )  # fmt: skip
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
@@ -339,7 +335,7 @@ class AlphaAsymAttention(_ProjectedAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
-            dim, num_heads, 3, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
+            dim, num_heads, False, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
             proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
         )  # fmt: skip
         self.alpha = nn.Parameter(torch.zeros((), device=device, dtype=dtype))

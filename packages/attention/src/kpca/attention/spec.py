@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from torch import nn
 
 from kpca.attention._backend import Backend, check_backend
-from kpca.attention._checks import check_pap_args
-from kpca.attention.functional import Convention
+from kpca.attention._checks import Convention, check_pap_args
 from kpca.attention.modules import AlphaAsymAttention, RPCAttention, ScaledAttention, SoftmaxAttention
 
 AttentionKind = Literal["softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha"]
-KINDS: tuple[str, ...] = ("softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha")
+KINDS: tuple[str, ...] = get_args(AttentionKind)
 
 
 @dataclass
@@ -22,7 +22,7 @@ class AttentionSpec:
 
     Usable as a LightningCLI / jsonargparse argument type, e.g. in YAML::
 
-    Attention:
+        attention:
           kind: rpc
           n_iter: 4
           layers: [0]
@@ -41,7 +41,7 @@ class AttentionSpec:
         backend: ``auto``, ``torch`` or ``triton`` (see ``kpca.attention.set_backend``).
         num_tokens: N for ``scaled_s`` (its S is N x N); None lets ``swap_attention`` read it from a timm
             ViT (patches + prefix tokens).
-    """
+    """  # noqa: D214, D405 (the YAML key ``attention:`` above is no docstring section)
 
     kind: AttentionKind = "softmax"
     n_iter: int = 4
@@ -102,18 +102,41 @@ class AttentionSpec:
         Raises:
             ValueError: for ``scaled_s`` without ``num_tokens``.
         """
-        if self.kind == "scaled_s":
-            if self.num_tokens is None:
-                raise ValueError(
-                    "AttentionSpec(kind='scaled_s') needs num_tokens (N, the sequence length) to build S; set it, "
-                    "or let swap_attention read it from a timm ViT"
-                )
-            return ScaledAttention(dim, num_heads, num_tokens=self.num_tokens, backend=self.backend, **kwargs)
-        if self.kind == "scaled_alpha":
-            return AlphaAsymAttention(dim, num_heads, backend=self.backend, **kwargs)
-        if self.kind == "rpc":
-            return RPCAttention(
-                dim, num_heads, n_iter=self.n_iter, lambd=self.lambd, convention=self.convention,
-                backend=self.backend, **kwargs,
-            )  # fmt: skip
-        return SoftmaxAttention(dim, num_heads, symmetric=self.kind == "symmetric", backend=self.backend, **kwargs)
+        return _BUILDERS[self.kind](self, dim, num_heads, **kwargs)
+
+
+def _softmax(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    return SoftmaxAttention(dim, num_heads, backend=spec.backend, **kwargs)
+
+
+def _symmetric(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    return SoftmaxAttention(dim, num_heads, symmetric=True, backend=spec.backend, **kwargs)
+
+
+def _rpc(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    return RPCAttention(
+        dim, num_heads, n_iter=spec.n_iter, lambd=spec.lambd, convention=spec.convention, backend=spec.backend, **kwargs
+    )
+
+
+def _scaled_s(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    if spec.num_tokens is None:
+        raise ValueError(
+            "AttentionSpec(kind='scaled_s') needs num_tokens (N, the sequence length) to build S; set it, "
+            "or let swap_attention read it from a timm ViT"
+        )
+    return ScaledAttention(dim, num_heads, num_tokens=spec.num_tokens, backend=spec.backend, **kwargs)
+
+
+def _scaled_alpha(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    return AlphaAsymAttention(dim, num_heads, backend=spec.backend, **kwargs)
+
+
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "softmax": _softmax,
+    "symmetric": _symmetric,
+    "rpc": _rpc,
+    "scaled_s": _scaled_s,
+    "scaled_alpha": _scaled_alpha,
+}
+"""The attention module of each kind in :data:`KINDS`: ``builder(spec, dim, num_heads, **timm_attention_kwargs)``."""

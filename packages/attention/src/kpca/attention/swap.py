@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kpca.attention.layout import convert_qkv_rows, is_symmetric_qkv
+from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv
 from kpca.attention.spec import AttentionSpec
 
 
@@ -73,8 +73,8 @@ def _convert(old: nn.Module, spec: AttentionSpec) -> tuple[nn.Module, str]:
     if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear) or not hasattr(old, "num_heads"):
         raise TypeError(f"cannot swap {type(old).__name__}: expected timm Attention layout (qkv, proj, num_heads)")
     num_heads = old.num_heads
-    attn_dim = getattr(old, "attn_dim", None) or old.head_dim * num_heads
-    old_symmetric = is_symmetric_qkv(qkv.weight, attn_dim)
+    attn_dim = attention_dim(old)
+    old_symmetric = has_symmetric_qkv(old)
     new = spec.build(
         qkv.in_features,
         num_heads,

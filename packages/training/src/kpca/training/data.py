@@ -25,8 +25,8 @@ _MISSING = object()
 
 
 def default_cache_dir() -> Path:
-    """Where generated data goes: ``$KPCA_CACHE`` if set, else ``~/.cache/kpca``."""
-    return Path(os.environ.get("KPCA_CACHE", Path.home() / ".cache" / "kpca"))
+    """Where generated data goes: ``$KPCA_CACHE`` (``~`` expanded) if set, else ``~/.cache/kpca``."""
+    return Path(os.environ.get("KPCA_CACHE", Path.home() / ".cache" / "kpca")).expanduser()
 
 
 def resolve_cache_dir(cache_dir: str | Path | None, app_folder: str = "") -> Path:

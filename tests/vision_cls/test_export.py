@@ -1,4 +1,4 @@
-"""The project's ViTs in timm's registry, and ``vision-cls export`` reloaded by timm with identical logits."""
+"""``vision-cls export``: a classifier as a timm model folder, reloaded by timm with identical logits."""
 
 import subprocess
 import sys
@@ -8,10 +8,10 @@ import pytest
 import timm
 import torch
 
-from kpca.attention import AlphaAsymAttention, AttentionSpec, RPCAttention, ScaledAttention, SoftmaxAttention
+from kpca.attention import AttentionSpec, RPCAttention
 from kpca.vision_cls.cli import VisionCLI, main
+from kpca.vision_cls.export import export_timm
 from kpca.vision_cls.model import ViTClassifier
-from kpca.vision_cls.timm_models import export_timm, load_exported
 from tests.cli_support import CONFIGS, run_cli, smoke_options
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
@@ -23,32 +23,11 @@ def run(*args: object) -> VisionCLI:
     return run_cli(main, "vision-cls", *args)
 
 
-@pytest.mark.parametrize(
-    ("name", "first", "rest"),
-    [
-        ("symvit_tiny_patch16_224", SoftmaxAttention, SoftmaxAttention),
-        ("rpc_symvit_tiny_patch16_224", RPCAttention, SoftmaxAttention),
-        ("deit_scaled_s_tiny_patch16_224", ScaledAttention, ScaledAttention),
-        ("deit_scaled_alpha_tiny_patch16_224", AlphaAsymAttention, AlphaAsymAttention),
-    ],
-)
-def test_registered_models_have_their_attention(name, first, rest):
-    assert name in timm.list_models()
-    vit = timm.create_model(name, **TINY)
-    assert type(vit.blocks[0].attn) is first and type(vit.blocks[1].attn) is rest
-    if "symvit" in name:
-        assert vit.blocks[1].attn.symmetric
-
-
-def test_registered_rpc_symvit_is_the_apps_model_and_takes_attention_overrides():
+def test_registered_rpc_symvit_is_the_apps_model():
     vit = timm.create_model("rpc_symvit_tiny_patch16_224")
     classifier = ViTClassifier("deit_tiny", attention=AttentionSpec(kind="rpc", layers=[0]))
     assert sum(p.numel() for p in vit.parameters()) == sum(p.numel() for p in classifier.parameters()) == 5_272_744
     assert (vit.blocks[0].attn.n_iter, vit.blocks[0].attn.lambd) == (4, 4.0)
-    tuned = timm.create_model("rpc_symvit_tiny_patch16_224", attention={"n_iter": 2, "layers": "all"}, **TINY)
-    assert all(isinstance(b.attn, RPCAttention) and b.attn.n_iter == 2 for b in tuned.blocks)
-    with pytest.raises(ValueError, match="has attention kind 'rpc'"):
-        timm.create_model("rpc_symvit_tiny_patch16_224", attention={"kind": "softmax"})
 
 
 def _normalised(classifier: ViTClassifier, images: torch.Tensor) -> torch.Tensor:
@@ -66,7 +45,7 @@ def test_export_of_a_checkpoint_reloads_in_timm_with_identical_logits(tmp_path: 
     classifier = cli.model.net.eval()
     checkpoint = torch.load(last, weights_only=True)["state_dict"]
     assert torch.equal(classifier.vit.blocks[0].attn.qkv.weight, checkpoint["net.vit.blocks.0.attn.qkv.weight"])
-    reloaded = load_exported(out).eval()
+    reloaded = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
     assert type(reloaded.blocks[0].attn) is RPCAttention and reloaded.blocks[0].attn.n_iter == 2
     images = torch.rand(4, 3, 32, 32)
     with torch.no_grad():

@@ -1,0 +1,303 @@
+"""The project's Vision Transformers: timm's DeiT sizes with any attention, in timm's registry, and their weights.
+
+Needs timm (the ``timm`` extra of kpca-attention) and is imported explicitly: ``import kpca.attention`` does not
+import it. Importing it registers with timm, for each size ``tiny`` / ``small`` / ``base`` (DeiT's widths 192 /
+384 / 768 with 3 / 6 / 12 heads, 12 blocks, patch 16, 224 px):
+
+- ``symvit_<size>_patch16_224``: SymViT (symmetric attention in every block);
+- ``rpc_symvit_<size>_patch16_224``: RPC-SymViT (PAP with n_iter 4, lambd 4 in block 0, as the paper's example);
+- ``deit_scaled_s_<size>_patch16_224`` / ``deit_scaled_alpha_<size>_patch16_224``: the scaled-attention variants.
+
+``timm.create_model(name, attention={"n_iter": 2, "layers": "all"}, ...)`` overrides the attention settings (any
+:class:`~kpca.attention.AttentionSpec` field but ``kind``); :func:`create_vit` builds any size with any
+AttentionSpec (softmax: timm's own ``deit_<size>_patch16_224``). Every model built here is built as timm builds
+its ViTs (``build_model_with_cfg``) with :func:`checkpoint_filter_fn` as its ``pretrained_filter_fn``, so
+``pretrained=True`` converts DeiT, SymViT and RPC weights into the model's attention layout, e.g.
+``timm.create_model("symvit_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay=dict(file="deit.pth"))``.
+:func:`load_vit_state_dict` does the same conversion for a state dict in hand and reports it (:class:`LoadReport`).
+
+The registered models expect timm-normalised inputs (their ``pretrained_cfg`` mean / std).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Literal
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import resample_abs_pos_embed
+from timm.models import VisionTransformer, build_model_with_cfg, generate_default_cfgs, register_model
+
+from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv, is_attention_layer, qkv_rows
+from kpca.attention.spec import AttentionSpec
+from kpca.attention.swap import swap_attention
+
+logger = logging.getLogger(__name__)
+
+Arch = Literal["deit_tiny", "deit_small", "deit_base"]
+ARCHS: dict[str, dict[str, int]] = {
+    "deit_tiny": {"embed_dim": 192, "depth": 12, "num_heads": 3},
+    "deit_small": {"embed_dim": 384, "depth": 12, "num_heads": 6},
+    "deit_base": {"embed_dim": 768, "depth": 12, "num_heads": 12},
+}
+"""DeiT's sizes (Touvron et al. 2021), all with patch 16 at 224 px: the one size table of the project."""
+PATCH_SIZE = 16
+FAMILIES: dict[str, AttentionSpec] = {
+    "deit": AttentionSpec(kind="softmax"),  # timm registers deit_<size>_patch16_224 itself
+    "symvit": AttentionSpec(kind="symmetric"),
+    "rpc_symvit": AttentionSpec(kind="rpc", n_iter=4, lambd=4.0, layers=[0]),
+    "deit_scaled_s": AttentionSpec(kind="scaled_s"),
+    "deit_scaled_alpha": AttentionSpec(kind="scaled_alpha"),
+}
+"""The model family of each attention kind, with its default attention settings."""
+_FAMILY_OF_KIND = {spec.kind: family for family, spec in FAMILIES.items()}
+_QKV_SUFFIXES = (".qkv.weight", ".qkv.bias")
+
+
+def model_name(arch: str, kind: str) -> str:
+    """The timm name of the ``arch`` ViT with attention ``kind``.
+
+    ``deit_tiny_patch16_224`` (timm's own DeiT) for ``softmax``, ``rpc_symvit_tiny_patch16_224`` for ``rpc``, and
+    so on (see :data:`FAMILIES`).
+    """
+    return f"{_FAMILY_OF_KIND[kind]}_{arch.removeprefix('deit_')}_patch{PATCH_SIZE}_224"
+
+
+def pretrained_cfg(**overrides) -> dict:
+    """A timm pretrained cfg of the project's models: ImageNet normalisation, DeiT's evaluation transform."""
+    return {
+        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.875,
+        "interpolation": "bicubic", "fixed_input_size": True, "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD, "first_conv": "patch_embed.proj", "classifier": "head", "license": "apache-2.0",
+        **overrides,
+    }  # fmt: skip
+
+
+def create_vit(
+    arch: str,
+    attention: AttentionSpec = AttentionSpec(),  # noqa: B008 (frozen-like dataclass default)
+    pretrained: bool = False,
+    **kwargs,
+) -> VisionTransformer:
+    """A timm VisionTransformer of DeiT size ``arch`` with ``attention``, built as the registered models are.
+
+    Args:
+        arch: a key of :data:`ARCHS`.
+        attention: which attention, in which blocks (see :meth:`AttentionSpec.per_block`).
+        pretrained: load the weights of the model's pretrained cfg (for ``softmax``: timm's DeiT release; give a
+            file with ``pretrained_cfg_overlay=dict(file=...)``), converted by :func:`checkpoint_filter_fn`.
+        **kwargs: timm ``VisionTransformer`` arguments (``num_classes``, ``img_size``, ``patch_size``,
+            ``drop_path_rate``, ...; ``embed_dim``, ``depth``, ``num_heads`` override the size's) and timm builder
+            arguments (``pretrained_cfg_overlay``, ``features_only``, ...). None values are dropped, as
+            ``timm.create_model`` drops them.
+
+    Raises:
+        ValueError: if ``arch`` is not a key of :data:`ARCHS`.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {arch!r}")
+    kwargs = {key: value for key, value in kwargs.items() if value is not None}
+    name = model_name(arch, attention.kind)
+    return _build_vit(name, attention, pretrained, **{**ARCHS[arch], "patch_size": PATCH_SIZE, **kwargs})
+
+
+def _build_vit(name: str, attention: AttentionSpec, pretrained: bool, **kwargs) -> VisionTransformer:
+    """A VisionTransformer built by timm's ``build_model_with_cfg``, ``attention`` swapped in before weights load."""
+    out_indices = kwargs.pop("out_indices", 3)
+    return build_model_with_cfg(
+        partial(_vit_with_attention, attention),
+        name,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg={"out_indices": out_indices, "feature_cls": "getter"},
+        **kwargs,
+    )
+
+
+def _vit_with_attention(attention: AttentionSpec, **kwargs) -> VisionTransformer:
+    """A randomly initialised VisionTransformer(**kwargs) whose blocks' attention is then ``attention``'s."""
+    vit = VisionTransformer(**kwargs)
+    if attention.kind != "softmax":
+        swap_attention(vit, attention)
+    return vit
+
+
+def _family_attention(name: str, family: str, overrides: Mapping[str, object]) -> AttentionSpec:
+    """The family's AttentionSpec with ``overrides`` (the ``attention=`` of a registered model) applied."""
+    default = FAMILIES[family]
+    if "kind" in overrides and overrides["kind"] != default.kind:
+        raise ValueError(
+            f"{name} has attention kind {default.kind!r}; got attention={dict(overrides)!r}. Drop 'kind', or build "
+            "another kind with kpca.attention.vit.create_vit"
+        )
+    return dataclasses.replace(default, **{key: value for key, value in overrides.items() if key != "kind"})
+
+
+def _entrypoint(family: str, arch: str):
+    name = model_name(arch, FAMILIES[family].kind)
+
+    def create(pretrained: bool = False, **kwargs) -> VisionTransformer:
+        attention = _family_attention(name, family, kwargs.pop("attention", None) or {})
+        return _build_vit(name, attention, pretrained, **{**ARCHS[arch], "patch_size": PATCH_SIZE, **kwargs})
+
+    create.__name__ = create.__qualname__ = name
+    create.__module__ = __name__
+    create.__doc__ = f"{name}: timm ViT of {arch}'s size with {FAMILIES[family].kind} attention (kpca.attention.vit)."
+    return create
+
+
+_REGISTERED = [(family, arch) for family in FAMILIES if family != "deit" for arch in ARCHS]
+default_cfgs = generate_default_cfgs(
+    {model_name(arch, FAMILIES[family].kind): pretrained_cfg() for family, arch in _REGISTERED}
+)
+for _family, _arch in _REGISTERED:
+    register_model(_entrypoint(_family, _arch))
+
+
+@dataclass
+class LoadReport:
+    """What happened to each tensor when loading a state dict into a ViT."""
+
+    source: str
+    loaded: int = 0
+    converted: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """True when every model tensor was found and fitted."""
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def __str__(self) -> str:
+        lines = [f"loaded {self.loaded} tensors from {self.source}"]
+        for title, items in (
+            ("converted", self.converted),
+            ("missing in the checkpoint", self.missing),
+            ("unexpected in the checkpoint", self.unexpected),
+            ("shape mismatch", self.mismatched),
+            ("skipped on purpose", self.skipped),
+        ):
+            if items:
+                lines.append(f"{title} ({len(items)}):")
+                lines.extend(f"  {item}" for item in items)
+        return "\n".join(lines)
+
+
+def load_vit_state_dict(
+    vit: VisionTransformer,
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    strict: bool = True,
+    skip_prefixes: tuple[str, ...] = (),
+    source: str = "a state dict",
+    strict_option: str = "strict=False",
+) -> LoadReport:
+    """Load DeiT, SymViT, RPC or our own ViT weights (timm key names) into ``vit``, converting what fits.
+
+    The qkv rows of each block take the layout of that block's attention (asymmetric -> symmetric keeps the K and V
+    rows and drops Q; symmetric -> asymmetric initialises Q from K), and position embeddings are interpolated to the
+    model's patch grid. With ``strict`` any missing, unexpected or mismatched tensor raises a ValueError holding
+    the full report, before anything loads; otherwise those tensors are skipped and the report is logged.
+
+    Args:
+        vit: the timm VisionTransformer to load into.
+        state_dict: the weights, with timm's key names (``blocks.0.attn.qkv.weight``).
+        strict: raise on anything that does not fit.
+        skip_prefixes: state dict keys the model lacks that start with one of these (e.g. a classifier head that a
+            segmentation encoder lacks) are left out and listed as skipped.
+        source: where the weights come from, for the report (e.g. the file).
+        strict_option: how the caller's user turns ``strict`` off, named in the error (an app: its option).
+
+    Returns:
+        The :class:`LoadReport`.
+
+    Raises:
+        ValueError: with ``strict``, if the report is not clean.
+    """
+    fitted, report = _fit_state_dict(vit, state_dict, skip_prefixes, source)
+    if strict and not report.clean:
+        raise ValueError(f"{source} does not fit the model (set {strict_option} to skip these):\n{report}")
+    vit.load_state_dict(fitted, strict=False)
+    report.loaded = len(fitted)
+    logger.info("%s", report)
+    return report
+
+
+def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
+    """The timm ``pretrained_filter_fn`` of the models built here: ``state_dict`` fitted to ``model``.
+
+    Unwraps ``{"model": ...}`` and ``{"state_dict": ...}`` as timm's ViT filter does, converts qkv rows to each
+    block's attention layout and interpolates position embeddings (as :func:`load_vit_state_dict`), and logs what
+    it converted. Tensors that do not fit pass unchanged, for timm's loader to adapt (a classifier head of another
+    ``num_classes``) or reject.
+    """
+    state_dict = state_dict.get("model", state_dict)
+    state_dict = state_dict.get("state_dict", state_dict)
+    fitted, report = _fit_state_dict(model, state_dict, (), "pretrained weights")
+    report.loaded = len(fitted)
+    logger.info("%s", report)
+    return {key: fitted.get(key, value) for key, value in state_dict.items()}
+
+
+def _fit_state_dict(
+    vit: VisionTransformer, state_dict: Mapping[str, torch.Tensor], skip_prefixes: tuple[str, ...], source: str
+) -> tuple[dict[str, torch.Tensor], LoadReport]:
+    """The tensors of ``state_dict`` that fit ``vit`` (converted where needed), and the report of all of them."""
+    target = vit.state_dict()
+    report = LoadReport(source=source)
+    fitted = {}
+    for key, src in state_dict.items():
+        if key not in target:
+            (report.skipped if key.startswith(skip_prefixes) else report.unexpected).append(key)
+            continue
+        value, note = _fit(vit, key, src, target[key])
+        if value is None:
+            report.mismatched.append(note)
+            continue
+        if note:
+            report.converted.append(note)
+        fitted[key] = value.to(target[key].dtype)
+    report.missing = [key for key in target if key not in state_dict]
+    return fitted, report
+
+
+def _fit(vit: VisionTransformer, key: str, src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor | None, str]:
+    """``src`` made to fit ``dst`` where a known conversion applies, and a note; (None, reason) otherwise."""
+    if src.shape == dst.shape:
+        return src, ""
+    if key.endswith(_QKV_SUFFIXES):
+        return _fit_qkv(vit.get_submodule(key.rsplit(".", 2)[0]), key, src, dst)
+    if key == "pos_embed" and src.shape[-1] == dst.shape[-1]:
+        prefix_tokens = 0 if getattr(vit, "no_embed_class", False) else vit.num_prefix_tokens
+        resized = resample_abs_pos_embed(src, list(vit.patch_embed.grid_size), num_prefix_tokens=prefix_tokens)
+        if resized.shape == dst.shape:
+            return resized, f"pos_embed: interpolated {tuple(src.shape)} -> {tuple(dst.shape)}"
+    return None, _mismatch(key, src, dst)
+
+
+def _fit_qkv(attn: torch.nn.Module, key: str, src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor | None, str]:
+    """Checkpoint qkv rows in the layout of the attention layer ``attn`` that owns them, asked of the layer."""
+    if not is_attention_layer(attn) or src.shape[1:] != dst.shape[1:]:
+        return None, _mismatch(key, src, dst)
+    attn_dim = attention_dim(attn)
+    if src.shape[0] not in (qkv_rows(attn_dim, symmetric=True), qkv_rows(attn_dim, symmetric=False)):
+        return None, _mismatch(key, src, dst)
+    symmetric = has_symmetric_qkv(attn)
+    note = (
+        "K, V rows kept, Q dropped (asymmetric -> symmetric)"
+        if symmetric
+        else "Q initialised from K (symmetric -> asymmetric)"
+    )
+    return convert_qkv_rows(src, attn_dim, symmetric), f"{key}: {note}"
+
+
+def _mismatch(key: str, src: torch.Tensor, dst: torch.Tensor) -> str:
+    return f"{key}: checkpoint {tuple(src.shape)} vs model {tuple(dst.shape)}"
