@@ -7,6 +7,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from kpca.attention._backend import interpreter_enabled
+
 REQUIRE_TRITON_ENV = "KPCA_REQUIRE_TRITON"
 
 
@@ -53,3 +55,16 @@ def assert_vit_holds(vit: torch.nn.Module, state: dict[str, torch.Tensor], attn_
         assert torch.equal(value[-kv:], source[-kv:]), f"{key}: the K and V rows differ from the checkpoint's"
         if value.shape[0] > kv:  # the first rows of [Q;K;V] are Q, of [K;V] K: Q is the checkpoint's Q, else its K
             assert torch.equal(value[:attn_dim], source[:attn_dim]), f"{key}: Q is neither the checkpoint's Q nor K"
+
+
+TRITON_DEVICES = [
+    pytest.param(
+        "cpu",
+        marks=pytest.mark.skipif(
+            not interpreter_enabled(),
+            reason="CPU Triton tests need TRITON_INTERPRET=1 (conftest.py sets it only where CUDA is absent)",
+        ),
+    ),
+    pytest.param("cuda", marks=pytest.mark.gpu),
+]
+"""Where the Triton kernels are tested: CPU in Triton's interpreter, and CUDA (``gpu``) compiled."""

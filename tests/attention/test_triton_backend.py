@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from kpca.attention import RPCAttention, pap_mu, rpc_attention
-from kpca.attention._backend import interpreter_enabled
 from kpca.attention._pap import PapFirst, PapStep
 from kpca.attention.reference import rpc_attention_reference
 
+from .helpers import TRITON_DEVICES as DEVICES
 from .helpers import require_triton
 
 require_triton()
@@ -21,16 +21,6 @@ from kpca.attention._triton import ops  # noqa: E402 (after the triton check)
 
 pytestmark = pytest.mark.triton
 
-DEVICES = [
-    pytest.param(
-        "cpu",
-        marks=pytest.mark.skipif(
-            not interpreter_enabled(),
-            reason="CPU Triton tests need TRITON_INTERPRET=1 (conftest.py sets it only where CUDA is absent)",
-        ),
-    ),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -197,6 +187,74 @@ def test_state_and_module_match_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [40, 72])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_dims_off_multiples_of_16_match_torch(device, d, dtype):
+    """D = 40 and 72 (a tile of 64 or 128 columns, a row alignment of 8), module layout, forward and backward."""
+    b, h, n = 2, 3, 5
+    k = torch.randn(b, n, h, d, device=device).to(dtype).transpose(1, 2).requires_grad_()  # heads of (B, N, H, D)
+    l = torch.randn(b, n, h, d, device=device).to(dtype).transpose(1, 2).requires_grad_()  # noqa: E741
+    s, z = (torch.randn(b, h, n, d, device=device).requires_grad_() for _ in range(2))
+    tau, tau_rows = _tau(b, h, n, False, device), _tau(b, h, n, True, device)
+    for fn, fn_pt, inputs in (
+        (ops.pap_first, PapFirst.apply, (k, tau)),
+        (ops.pap_step, PapStep.apply, (k, tau_rows, l, z, s)),
+    ):
+        out, out_pt = fn(*inputs), fn_pt(*inputs)
+        for a, e in zip(out, out_pt, strict=True):
+            _assert_same(a, e)
+        used = (True,) * len(out)
+        for i, (g, g_pt) in enumerate(zip(_grads(out, inputs, used), _grads(out_pt, inputs, used), strict=True)):
+            if i == 1:  # tau: sums in another order than torch's
+                torch.testing.assert_close(g, g_pt)
+            else:
+                _assert_same(g, g_pt)
+    padding = _padding(b, n, device)
+    mu = ops.pap_mu(k, h * d, key_padding_mask=padding, is_causal=True)
+    mu_pt = pap_mu(k, h * d, key_padding_mask=padding, is_causal=True)
+    torch.testing.assert_close(mu, mu_pt)
+    weights = torch.randn(mu.shape, device=device)
+    (grad,), (grad_pt,) = torch.autograd.grad((mu * weights).sum(), k), torch.autograd.grad((mu_pt * weights).sum(), k)
+    torch.testing.assert_close(grad, grad_pt)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [40, 72])
+def test_rpc_attention_head_dims_off_multiples_of_16_match_torch(device, d):
+    k = torch.randn(2, 5, 3, d, device=device).transpose(1, 2).requires_grad_()
+    v = torch.randn(2, 5, 3, d, device=device).transpose(1, 2).requires_grad_()
+    results = []
+    for backend in ("triton", "torch"):
+        out = rpc_attention(k, v, n_iter=3, lambd=0.3, is_causal=True, backend=backend)
+        results.append([out, *torch.autograd.grad((out * torch.linspace(-1, 1, d, device=device)).sum(), (k, v))])
+    for a, e in zip(*results, strict=True):  # mu in another summation order, scaled up by D
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+# the interpreter computes in numpy, which warns on inf - inf and on NaN comparisons
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_nan_and_inf_match_torch(device):
+    """A NaN key or threshold gives NaN where torch's clamp does (Triton's min / max would drop it); so does mu."""
+    b, h, n, d = 2, 3, 5, 4
+    k, l = torch.randn(b, h, n, d, device=device), torch.randn(b, h, n, d, device=device)  # noqa: E741
+    k[0, 0, 1, 2], k[0, 1, 3, 0], k[1, 2, 0, 3], l[1, 0, 2, 1] = float("nan"), float("inf"), -float("inf"), float("nan")
+    s = torch.randn(b, h, n, d, device=device)
+    for causal in (False, True):
+        tau = _tau(b, h, n, causal, device).detach()
+        tau[1, 1, -1] = float("nan")  # as from a NaN mu
+        for out, out_pt in (
+            (ops.pap_first(k, tau), PapFirst.apply(k, tau)),
+            (ops.pap_step(k, tau, l, None, s), PapStep.apply(k, tau, l, None, s)),
+        ):
+            for a, e in zip(out, out_pt, strict=True):
+                torch.testing.assert_close(a, e, rtol=0, atol=0, equal_nan=True)
+        mu, mu_pt = ops.pap_mu(k, 12, is_causal=causal), pap_mu(k, 12, is_causal=causal)
+        assert mu.isnan().any()
+        torch.testing.assert_close(mu, mu_pt, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     ("op", "make_args"),
     [
@@ -257,9 +315,13 @@ def test_rpc_attention_real_shapes_flash_rule(dtype, is_causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_kernels_real_shapes_match_torch(dtype):
-    """The element-wise kernels on strided (B, H, N, D) views, as the modules pass them: bit-identical."""
-    b, h, n, d = 8, 8, 1024, 64
+@pytest.mark.parametrize("d", [64, 72, 40])
+def test_kernels_real_shapes_match_torch(dtype, d):
+    """The element-wise kernels on strided (B, H, N, D) views, as the modules pass them: bit-identical.
+
+    D = 72 and 40 take the vector loads of a row alignment of 8 (the hint ``ops._row_alignment`` passes).
+    """
+    b, h, n = 8, 8, 1024
     k = torch.randn(b, n, h, d, device="cuda").to(dtype).transpose(1, 2).requires_grad_()
     l = torch.randn(b, n, h, d, device="cuda").to(dtype).transpose(1, 2).requires_grad_()  # noqa: E741
     s, z = torch.randn(b, h, n, d, device="cuda"), torch.randn(b, h, n, d, device="cuda")
@@ -279,13 +341,72 @@ def test_kernels_real_shapes_match_torch(dtype):
 
 
 @pytest.mark.gpu
-def test_backward_is_deterministic_real_shapes():
-    """GPU only: Triton's interpreter runs the programs one after another, so on CPU this could never fail."""
+@pytest.mark.parametrize("d", [72, 40])
+def test_real_shapes_head_dims_flash_rule(d):
+    """D = 72 and 40 in bfloat16, module layout, B * H = 64, N = 1024: the rule of the test above."""
+    b, h, n = 4, 16, 1024
+    k = torch.randn(b, n, h, d, device="cuda", dtype=torch.float64).transpose(1, 2)
+    v = torch.randn(b, n, h, d, device="cuda", dtype=torch.float64).transpose(1, 2)
+    weights = torch.randn(b, h, n, d, device="cuda", dtype=torch.float64)
+
+    def run(backend, run_dtype):
+        kk, vv = (t.to(run_dtype).requires_grad_() for t in (k, v))
+        out = rpc_attention(kk, vv, n_iter=4, lambd=0.2, backend=backend)
+        grad_k, grad_v = torch.autograd.grad((out.double() * weights).sum(), (kk, vv))
+        return out, grad_v, grad_k
+
+    out, grad_v, grad_k = run("triton", torch.bfloat16)
+    out_pt, grad_v_pt, grad_k_pt = run("torch", torch.bfloat16)
+    out_ref, grad_v_ref, grad_k_ref = run("torch", torch.float64)
+    _flash_rule_check("out", out, out_pt, out_ref, torch.max)
+    _flash_rule_check("grad_v", grad_v, grad_v_pt, grad_v_ref, torch.max)
+    _flash_rule_check("grad_k", grad_k, grad_k_pt, grad_k_ref, torch.mean)
+
+
+@pytest.mark.gpu
+def test_kernels_are_bitwise_deterministic_real_shapes():
+    """Every kpca op, forward and backward, twice on the same inputs: the same bits (the kernels use no atomics).
+
+    GPU only: Triton's interpreter runs the programs one after another, so on CPU this could never fail.
+    """
+    b, h, n, d = 4, 16, 1024, 64
+    k = torch.randn(b, n, h, d, device="cuda").to(torch.bfloat16).transpose(1, 2).requires_grad_()
+    l = torch.randn(b, n, h, d, device="cuda").to(torch.bfloat16).transpose(1, 2).requires_grad_()  # noqa: E741
+    s, z = (torch.randn(b, h, n, d, device="cuda").requires_grad_() for _ in range(2))
+    tau = _tau(b, h, n, True, "cuda")
+    padding = _padding(b, n, "cuda")
+
+    def outputs_and_grads():
+        outputs = [
+            *ops.pap_first(k, tau),
+            *ops.pap_step(k, tau, l, z, s),
+            ops.pap_mu(k, h * d, key_padding_mask=padding, is_causal=True),
+        ]
+        return outputs + list(_grads(outputs, (k, tau, l, z, s), (True,) * len(outputs)))
+
+    for first, second in zip(outputs_and_grads(), outputs_and_grads(), strict=True):
+        assert torch.equal(first, second)
+
+
+@pytest.mark.gpu
+def test_backward_is_deterministic_in_deterministic_mode_real_shapes(monkeypatch):
+    """End to end, SDPA included, under ``torch.use_deterministic_algorithms(True)``.
+
+    Without it, SDPA's flash backward accumulates dQ with atomics: two runs may differ with no
+    fault in our kernels (``test_kernels_are_bitwise_deterministic_real_shapes`` tests those alone).
+    """
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, should SDPA pick the math path
     k = torch.randn(4, 16, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(4, 16, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
     def grads():
         out = rpc_attention(k, v, n_iter=4, lambd=0.2, is_causal=True, backend="triton")
-        return torch.autograd.grad(out.float().square().sum(), k)[0]
+        return torch.autograd.grad(out.float().square().sum(), (k, v))
 
-    assert torch.equal(grads(), grads())
+    deterministic_before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for first, second in zip(grads(), grads(), strict=True):
+            assert torch.equal(first, second)
+    finally:
+        torch.use_deterministic_algorithms(deterministic_before)

@@ -8,9 +8,12 @@ Which backend a call uses, most specific first: an explicit ``backend="torch" | 
 call or module; else the global default (:func:`set_backend` / :func:`use_backend`); else the
 environment variable ``KPCA_ATTN_BACKEND``; else ``auto``, which takes Triton for CUDA inputs it
 supports when triton imports, and torch otherwise (each distinct choice logged once at DEBUG).
-If Triton, chosen by ``auto``, fails at its first use in the process (no C compiler to build its
-launcher, a GPU it does not support, a driver error), one WARNING names the cause and ``auto``
-runs torch from then on, starting with that call (same results).
+Before its first Triton call in a process, ``auto`` runs one tiny Triton kernel on the device
+type: if that fails (no C compiler to build its launcher, a GPU it does not support, a driver
+error), one WARNING names the cause and ``auto`` runs torch from then on, starting with that call
+(same results). The calls themselves are never retried on torch: an input error or an
+out-of-memory error raises, and leaves Triton in use. Under ``torch.compile`` the check runs
+while tracing, as a constant, so its outcome costs no recompile.
 A backend named explicitly, anywhere in that chain, never falls back: it raises and says why.
 Triton is imported only when a call resolves to it.
 """
@@ -22,12 +25,12 @@ import importlib
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, get_args
 
 import torch
 
 Backend = Literal["auto", "torch", "triton"]
-BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
+BACKENDS: tuple[str, ...] = get_args(Backend)
 ENV_VAR = "KPCA_ATTN_BACKEND"
 MAX_HEAD_DIM = 256
 """Largest head dim D the Triton kernels take (one row of D values per tile row)."""
@@ -43,7 +46,7 @@ _logger = logging.getLogger(__name__)
 _default: str | None = None  # set_backend's value; None defers to ENV_VAR, then "auto"
 _logged: set[tuple[str, str]] = set()
 _triton_failure: str | None = None  # why Triton failed at its first use under "auto"; "auto" then takes torch
-_triton_ran = False  # Triton ran once under "auto": later errors are the call's, not the setup's, and propagate
+_triton_ran = False  # Triton's first launch under "auto" worked: it is not checked again in this process
 
 
 def check_backend(backend: str, source: str = "backend") -> None:
@@ -120,23 +123,15 @@ def resolve_backend(backend: str, k: torch.Tensor) -> Literal["torch", "triton"]
 def run_on_backend(backend: str, k: torch.Tensor, run: Callable[[str], T]) -> T:
     """``run(impl)`` on the implementation :func:`resolve_backend` picks for ``backend`` and keys ``k``.
 
-    When ``auto`` picked Triton and Triton's first use in this process fails (``run("triton")``
-    raises: no C compiler for its launcher, an unsupported GPU, a driver error), log one warning
-    with the cause, remember Triton as unusable for the process and return ``run("torch")``. A
-    Triton backend requested explicitly raises instead; so does any error after Triton ran once.
+    Before ``auto``'s first Triton call in this process, :func:`_triton_setup_failure` launches one
+    tiny kernel on the keys' device type; if that fails, this call and every later one under
+    ``auto`` run on torch. Errors of ``run`` itself always propagate, on every backend: an input
+    error or running out of memory belongs to the call, and a retry on torch would hide it.
     """
-    global _triton_failure, _triton_ran
     impl = resolve_backend(backend, k)
-    if impl == "torch" or _triton_ran or _requested(backend) == "triton":
-        return run(impl)
-    try:
-        out = run("triton")
-    except Exception as err:
-        _triton_failure = f"{type(err).__name__}: {err}"
-        _logger.warning("backend='auto': Triton failed at its first use (%s); using torch from now on", _triton_failure)
-        return run("torch")
-    _triton_ran = True
-    return out
+    if impl == "triton" and _requested(backend) == "auto" and _triton_setup_failure(k.device.type) is not None:
+        impl = "torch"
+    return run(impl)
 
 
 def _requested(backend: str) -> str:
@@ -165,6 +160,8 @@ def _triton_unsupported(device_type: str, dtype: torch.dtype, head_dim: int) -> 
         return f"dtype {dtype} is not supported by the Triton kernels (float32, bfloat16, float16)"
     if head_dim > MAX_HEAD_DIM:
         return f"head dim D={head_dim} exceeds the Triton kernels' limit of {MAX_HEAD_DIM}"
+    if head_dim < 1:
+        return f"head dim D={head_dim}: the Triton kernels need D >= 1"
     return None
 
 
@@ -183,3 +180,27 @@ def _auto_choice(device_type: str, dtype: torch.dtype, head_dim: int) -> str:
         _logged.add((choice, reason))
         _logger.debug("backend='auto' runs on %s: %s", choice, reason)
     return choice
+
+
+@torch.compiler.assume_constant_result
+def _triton_setup_failure(device_type: str) -> str | None:
+    """Why Triton cannot run on ``device_type`` in this process, or None: one tiny launch, at most once per process.
+
+    The launch's inputs are valid, so any error it raises means Triton cannot run here, except
+    running out of memory, which propagates. The first failure is kept and logged as one WARNING.
+    """
+    global _triton_failure, _triton_ran
+    if _triton_ran or _triton_failure is not None:
+        return _triton_failure
+    try:
+        from kpca.attention._triton import ops  # imported on first use: triton is optional
+
+        ops.try_launch(torch.device(device_type))
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as err:
+        _triton_failure = f"{type(err).__name__}: {err}"
+        _logger.warning("backend='auto': Triton failed at its first use (%s); using torch from now on", _triton_failure)
+        return _triton_failure
+    _triton_ran = True
+    return None

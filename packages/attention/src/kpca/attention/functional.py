@@ -126,7 +126,8 @@ def rpc_attention(
         convention: ``"reference"`` or ``"pcp"``, see above.
         return_state: also return an :class:`RPCState` with S, L, Y, mu and per-iteration residuals.
         backend: "auto" (the global default, else Triton for supported CUDA inputs, else torch; if
-            Triton fails at its first use in the process, one warning and torch from then on),
+            a one-kernel Triton check fails before its first use in the process, one warning and torch
+            from then on; errors of the call itself always raise),
             "torch" or "triton" (the PAP element-wise steps and mu as Triton kernels; CUDA float32,
             bfloat16 or float16 with D <= 256, else it raises). See ``kpca.attention.set_backend``.
 

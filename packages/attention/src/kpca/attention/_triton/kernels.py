@@ -1,7 +1,6 @@
 """Triton kernels (``@triton.jit`` only) for the PAP element-wise steps and the mu reduction.
 
-Legend: B batch, H heads, N tokens, D head dim; R = B * H * N rows of D columns. Each
-element-wise kernel covers a (BLOCK_R, BLOCK_D) tile of rows, with BLOCK_D = next_pow2(D).
+Legend: B batch, H heads, N tokens, D head dim; R = B * H * N rows of D columns, BLOCK_D = next_pow2(D).
 
 What is here, and what the launchers in ``ops.py`` pass:
 
@@ -11,18 +10,33 @@ What is here, and what the launchers in ``ops.py`` pass:
 * ``row_l1`` / ``mu_scan`` (forward) and ``mu_grad_scan`` / ``row_l1_bwd`` (backward): mu from the
   per-row L1 norms of K, with key padding and the causal prefix-sum form.
 
-Tested: float32, bfloat16 and float16 inputs (K and L; S, Z, tau and mu are float32) with
-D in {2, 3, 4} and N up to 300 (several scan blocks) on CPU under ``TRITON_INTERPRET=1``, in
-``tests/attention/test_triton_backend.py``. Its ``gpu`` tests (D = 64, N = 1024, B * H = 64 on
-CUDA) are written but have not run on a GPU yet; every kernel specialisation compiles to sm_90.
-D <= 256 (``_backend.MAX_HEAD_DIM``).
+Tiles: the kernels that read strided (B, H, N, D) views of K or L run on a 2-D grid
+(B * H, cdiv(N, BLOCK_N)), one (b, h) slice per program on axis 0 (CUDA allows 2^31 - 1 there,
+65535 on axis 1), so (b, h) costs one division per program instead of one per row;
+``pap_first_bwd`` and ``pap_step_bwd`` read only contiguous (R, D) tensors and run on a 1-D grid
+of BLOCK_R-row tiles. The head dim D is a ``tl.constexpr``: every D gets its own kernel, and the
+column mask and the contiguous offsets ``row * D`` keep their alignment, so loads and stores stay
+vectorised when D is not a multiple of 16 (D = 40 or 72; strided rows also need the ``ALIGN``
+hint the launchers pass). Strided offsets are int64 products, so no stride wraps in int32.
+
+Tested on CPU under ``TRITON_INTERPRET=1`` (``tests/attention/test_triton_backend.py``), forward
+and backward against the torch path: float32, bfloat16 and float16 inputs (K and L; S, Z, tau and
+mu are float32) with D in {2, 3, 4, 40, 72}, N up to 300 (several scan blocks), NaN and inf
+inputs. ``tests/attention/test_triton_aot.py`` compiles to sm_90, without a GPU, the
+specialisations ``rpc_attention`` forward and backward asks the JIT for at D in {40, 64, 72, 128}
+in bfloat16 and float32 (the modules' strided layout, N = 197, and a causal N = 1024 at D = 64),
+and checks that none spills registers at D in {40, 64, 72}. The ``gpu`` tests (real shapes, a
+second device, determinism) are written but have not run on a GPU yet. D <= 256
+(``_backend.MAX_HEAD_DIM``).
 
 Known differences from the torch path:
 
 * Element-wise outputs (S, Z, Kt) and their input gradients are bit-identical to
-  ``_pap.PapFirst`` / ``_pap.PapStep`` (same float32 operations in the same order).
+  ``_pap.PapFirst`` / ``_pap.PapStep`` (same float32 operations in the same order); NaN propagates
+  through the clamps as in ``torch.clamp`` (``propagate_nan=ALL``; Triton's default drops NaN).
 * The threshold gradient and mu are sums in another order (per-row sums, then tree scans in
   float32; torch's CPU cumsum accumulates in float64), so they agree to float32 rounding, not bits.
+  The divisions in mu round to nearest (``div_rn``), like torch's.
 * No atomics anywhere: every kernel is deterministic run to run.
 * Loaded values are cast to float32 right after loading (bf16 arithmetic is not supported by the
   interpreter, and the torch path computes in float32 as well).
@@ -39,28 +53,76 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+__all__ = (
+    "pap_first_fwd",
+    "pap_first_bwd",
+    "pap_step_fwd",
+    "pap_step_bwd",
+    "row_l1",
+    "mu_scan",
+    "mu_grad_scan",
+    "row_l1_bwd",
+)
+
 
 @triton.jit
-def _tile(pid, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Row indices (BLOCK_R,), column indices (BLOCK_D,) and the in-bounds mask of a tile."""
-    rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,)
+def _slice_tile(N, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Tile of program (bh, block) on the 2-D grid (B * H, cdiv(N, BLOCK_N)): BLOCK_N tokens of one (b, h) slice.
+
+    Returns the slice index bh (int64 scalar), the token indices n (BLOCK_N,), their rows bh * N + n
+    in a contiguous (R, D) tensor (BLOCK_N,) int64, the columns (BLOCK_D,), the row mask (BLOCK_N,)
+    and the tile mask (BLOCK_N, BLOCK_D).
+    """
+    bh = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    row_mask = n < N
+    rows = bh * N + n  # (BLOCK_N,)
     cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    mask = (rows < R)[:, None] & (cols < D)[None, :]  # (BLOCK_R, BLOCK_D)
-    return rows, cols, mask
+    mask = row_mask[:, None] & (cols < D)[None, :]  # (BLOCK_N, BLOCK_D)
+    return bh, n, rows, cols, row_mask, mask
 
 
 @triton.jit
-def _strided(rows, cols, H, N, s_b, s_h, s_n, s_d):
-    """Element offsets of a (B, H, N, D) tensor with strides (s_b, s_h, s_n, s_d) for a tile."""
-    n = rows % N
-    bh = rows // N
-    return ((bh // H) * s_b + (bh % H) * s_h + n * s_n)[:, None] + (cols * s_d)[None, :]
+def _row_tile(R, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Tile of program pid on the 1-D grid over the R rows of contiguous (R, D) tensors.
+
+    Returns the rows (BLOCK_R,) int64, the columns (BLOCK_D,), the row mask (BLOCK_R,) and the tile
+    mask (BLOCK_R, BLOCK_D).
+    """
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,)
+    cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    row_mask = rows < R
+    mask = row_mask[:, None] & (cols < D)[None, :]  # (BLOCK_R, BLOCK_D)
+    return rows, cols, row_mask, mask
+
+
+@triton.jit
+def _strided(bh, n, cols, H, s_b, s_h, s_n, s_d, ALIGN: tl.constexpr):
+    """Offsets (BLOCK_N, BLOCK_D) of tokens n, columns cols of slice bh in a (B, H, N, D) tensor of strides s_*.
+
+    The slice's (b, h) costs one division per program; every product is int64, so no stride wraps.
+    ALIGN divides every row's start (see ``ops._row_alignment``): with it, rows load as vectors
+    even where the JIT cannot see that a stride is a multiple of 8 (s_h = D = 72 or 40).
+    """
+    base = (bh // H) * s_b + (bh % H) * s_h  # int64 scalar
+    starts = tl.multiple_of(base + n.to(tl.int64) * s_n, ALIGN)  # (BLOCK_N,)
+    return starts[:, None] + (cols.to(tl.int64) * s_d)[None, :]
+
+
+@triton.jit
+def _threshold(tau_ptr, bh, rows, row_mask, TAU_PER_ROW: tl.constexpr):
+    """The tile's tau: (BLOCK_N, 1) when there is one per row (causal mu), else the slice's scalar."""
+    if TAU_PER_ROW:
+        tau = tl.load(tau_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    else:
+        tau = tl.load(tau_ptr + bh)
+    return tau
 
 
 @triton.jit
 def _shrink(x, tau):
-    """Soft threshold as in ``_pap.shrink_with_sign``: (x - clamp(x, -tau, tau), clamp, int8 sign)."""
-    clamped = tl.minimum(tl.maximum(x, -tau), tau)
+    """Soft threshold as in ``_pap.shrink_with_sign``: (x - clamp(x, -tau, tau), clamp, int8 sign); NaN stays NaN."""
+    clamped = tl.minimum(tl.maximum(x, -tau, propagate_nan=tl.PropagateNan.ALL), tau, propagate_nan=tl.PropagateNan.ALL)
     sign = (x > tau).to(tl.int8) - (x < -tau).to(tl.int8)
     return x - clamped, clamped, sign
 
@@ -76,15 +138,14 @@ def _shrink_grad(sign, g):
 @triton.jit
 def pap_first_fwd(
     k_ptr, tau_ptr, s_ptr, kt_ptr, sign_ptr,
-    R, H, N, D, s_kb, s_kh, s_kn, s_kd, TAU_DIV,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    H, N, s_kb, s_kh, s_kn, s_kd,
+    D: tl.constexpr, K_ALIGN: tl.constexpr, TAU_PER_ROW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """S = shrink(K, tau) (float32), Kt = clamp(K, -tau, tau) (K's dtype) and the int8 sign."""
-    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    bh, n, rows, cols, row_mask, mask = _slice_tile(N, D, BLOCK_N, BLOCK_D)
     out = rows[:, None] * D + cols[None, :]  # contiguous (R, D) offsets
-    x = tl.load(k_ptr + _strided(rows, cols, H, N, s_kb, s_kh, s_kn, s_kd), mask=mask, other=0.0).to(tl.float32)
-    tau = tl.load(tau_ptr + rows // TAU_DIV, mask=rows < R, other=0.0)[:, None]  # (BLOCK_R, 1)
-    s, clamped, sign = _shrink(x, tau)
+    x = tl.load(k_ptr + _strided(bh, n, cols, H, s_kb, s_kh, s_kn, s_kd, K_ALIGN), mask=mask, other=0.0).to(tl.float32)
+    s, clamped, sign = _shrink(x, _threshold(tau_ptr, bh, rows, row_mask, TAU_PER_ROW))
     tl.store(s_ptr + out, s, mask=mask)
     tl.store(kt_ptr + out, clamped.to(kt_ptr.dtype.element_ty), mask=mask)
     tl.store(sign_ptr + out, sign, mask=mask)
@@ -115,37 +176,37 @@ def _shrink_input_grads(
 @triton.jit
 def pap_first_bwd(
     sign_ptr, gs_ptr, gkt_ptr, gk_ptr, gtau_ptr,
-    R, D,
-    HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    R,
+    D: tl.constexpr, HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Gradient of K, ``shrink'(g_S - g_Kt) + g_Kt``, and per-row threshold gradients (R,)."""
-    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    rows, cols, row_mask, mask = _row_tile(R, D, BLOCK_R, BLOCK_D)
     off = rows[:, None] * D + cols[None, :]
     g_kt, grad_x, grad_tau = _shrink_input_grads(
         sign_ptr, gs_ptr, gkt_ptr, off, mask, HAS_GS, HAS_GKT, BLOCK_R, BLOCK_D
     )
     tl.store(gk_ptr + off, (grad_x + g_kt).to(gk_ptr.dtype.element_ty), mask=mask)
-    tl.store(gtau_ptr + rows, grad_tau, mask=rows < R)
+    tl.store(gtau_ptr + rows, grad_tau, mask=row_mask)
 
 
 @triton.jit
 def pap_step_fwd(
     k_ptr, l_ptr, tau_ptr, z_ptr, s_ptr, z_new_ptr, s_new_ptr, kt_ptr, sign_ptr,
-    R, H, N, D, s_kb, s_kh, s_kn, s_kd, s_lb, s_lh, s_ln, s_ld, TAU_DIV,
-    HAS_Z: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    H, N, s_kb, s_kh, s_kn, s_kd, s_lb, s_lh, s_ln, s_ld,
+    D: tl.constexpr, K_ALIGN: tl.constexpr, L_ALIGN: tl.constexpr, TAU_PER_ROW: tl.constexpr, HAS_Z: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Z' = Z + (K - L - S), S' = shrink(K - L + Z', tau), Kt = K - S' - Z' and the sign of S'."""
-    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    bh, n, rows, cols, row_mask, mask = _slice_tile(N, D, BLOCK_N, BLOCK_D)
     out = rows[:, None] * D + cols[None, :]
-    k = tl.load(k_ptr + _strided(rows, cols, H, N, s_kb, s_kh, s_kn, s_kd), mask=mask, other=0.0).to(tl.float32)
-    l = tl.load(l_ptr + _strided(rows, cols, H, N, s_lb, s_lh, s_ln, s_ld), mask=mask, other=0.0).to(tl.float32)  # noqa: E741
+    k = tl.load(k_ptr + _strided(bh, n, cols, H, s_kb, s_kh, s_kn, s_kd, K_ALIGN), mask=mask, other=0.0).to(tl.float32)
+    l = tl.load(l_ptr + _strided(bh, n, cols, H, s_lb, s_lh, s_ln, s_ld, L_ALIGN), mask=mask, other=0.0).to(tl.float32)  # noqa: E741
     s = tl.load(s_ptr + out, mask=mask, other=0.0)
-    tau = tl.load(tau_ptr + rows // TAU_DIV, mask=rows < R, other=0.0)[:, None]  # (BLOCK_R, 1)
     k_minus_l = k - l
     z_new = k_minus_l - s
     if HAS_Z:
         z_new = z_new + tl.load(z_ptr + out, mask=mask, other=0.0)
-    s_new, _, sign = _shrink(k_minus_l + z_new, tau)
+    s_new, _, sign = _shrink(k_minus_l + z_new, _threshold(tau_ptr, bh, rows, row_mask, TAU_PER_ROW))
     tl.store(z_new_ptr + out, z_new, mask=mask)
     tl.store(s_new_ptr + out, s_new, mask=mask)
     tl.store(kt_ptr + out, ((k - s_new) - z_new).to(kt_ptr.dtype.element_ty), mask=mask)
@@ -155,12 +216,12 @@ def pap_step_fwd(
 @triton.jit
 def pap_step_bwd(
     sign_ptr, gz_new_ptr, gs_new_ptr, gkt_ptr, gk_ptr, gl_ptr, gz_ptr, gs_ptr, gtau_ptr,
-    R, D,
-    HAS_GZ: tl.constexpr, HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, NEED_GZ: tl.constexpr,
+    R,
+    D: tl.constexpr, HAS_GZ: tl.constexpr, HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, NEED_GZ: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Gradients of ``pap_step_fwd`` w.r.t. K, L, Z, S and per-row threshold gradients (R,)."""
-    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
+    rows, cols, row_mask, mask = _row_tile(R, D, BLOCK_R, BLOCK_D)
     off = rows[:, None] * D + cols[None, :]
     g_kt, grad_x, grad_tau = _shrink_input_grads(
         sign_ptr, gs_new_ptr, gkt_ptr, off, mask, HAS_GS, HAS_GKT, BLOCK_R, BLOCK_D
@@ -174,23 +235,40 @@ def pap_step_bwd(
     if NEED_GZ:
         tl.store(gz_ptr + off, grad_z_total, mask=mask)
     tl.store(gs_ptr + off, -grad_z_total, mask=mask)
-    tl.store(gtau_ptr + rows, grad_tau, mask=rows < R)
+    tl.store(gtau_ptr + rows, grad_tau, mask=row_mask)
+
+
+@triton.jit
+def _unpadded(pad_ptr, bh, n, row_mask, H, N):
+    """1.0 for the tile's unpadded rows and 0.0 for padded ones (BLOCK_N,), from the (B, N) int8 padding mask."""
+    return (1 - tl.load(pad_ptr + (bh // H) * N + n, mask=row_mask, other=0)).to(tl.float32)
 
 
 @triton.jit
 def row_l1(
     k_ptr, pad_ptr, out_ptr,
-    R, H, N, D, s_kb, s_kh, s_kn, s_kd,
-    HAS_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    H, N, s_kb, s_kh, s_kn, s_kd,
+    D: tl.constexpr, K_ALIGN: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Per-row L1 norm ``sum_d |K|`` in float32, times 0 for padded rows: (R,)."""
-    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
-    x = tl.load(k_ptr + _strided(rows, cols, H, N, s_kb, s_kh, s_kn, s_kd), mask=mask, other=0.0).to(tl.float32)
-    l1 = tl.sum(tl.abs(x), axis=1)  # (BLOCK_R,)
+    bh, n, rows, cols, row_mask, mask = _slice_tile(N, D, BLOCK_N, BLOCK_D)
+    x = tl.load(k_ptr + _strided(bh, n, cols, H, s_kb, s_kh, s_kn, s_kd, K_ALIGN), mask=mask, other=0.0).to(tl.float32)
+    l1 = tl.sum(tl.abs(x), axis=1)  # (BLOCK_N,)
     if HAS_PAD:
-        padded = tl.load(pad_ptr + (rows // (H * N)) * N + rows % N, mask=rows < R, other=0)
-        l1 = l1 * (1 - padded).to(tl.float32)
-    tl.store(out_ptr + rows, l1, mask=rows < R)
+        l1 = l1 * _unpadded(pad_ptr, bh, n, row_mask, H, N)
+    tl.store(out_ptr + rows, l1, mask=row_mask)
+
+
+@triton.jit
+def _mu(count, width, l1, eps):
+    """``count * width / (4 max(l1, eps))`` in the order and rounding of ``_pap.pap_mu``."""
+    return tl.div_rn(count * width, 4 * tl.maximum(l1, eps, propagate_nan=tl.PropagateNan.ALL))
+
+
+@triton.jit
+def _mu_grad(grad_mu, mu, l1, eps):
+    """``grad_mu * dmu/d||K||_1 = -grad_mu mu / ||K||_1``, 0 where the eps floor is active (as clamp_min's gradient)."""
+    return tl.where(l1 >= eps, tl.div_rn(-grad_mu * mu, tl.maximum(l1, eps, propagate_nan=tl.PropagateNan.ALL)), 0.0)
 
 
 @triton.jit
@@ -201,7 +279,8 @@ def mu_scan(
 ):  # fmt: skip
     """One (sample, head) per program: mu = count * width / (4 max(||K||_1, eps)) and ||K||_1.
 
-    Causal: per position from prefix sums, (N,) each; otherwise one value each.
+    Causal: per position from prefix sums, (N,) each; otherwise one value each. The division rounds
+    to nearest (``div_rn``, as torch's) and a NaN norm gives a NaN mu (``clamp_min`` keeps NaN too).
     """
     bh = tl.program_id(0).to(tl.int64)
     b = bh // H
@@ -218,12 +297,12 @@ def mu_scan(
         if CAUSAL:
             l1 = l1_carry + tl.cumsum(r, axis=0)
             count = tl.maximum(count_carry + tl.cumsum(valid, axis=0), 1.0)
-            tl.store(mu_ptr + bh * N + n, count * width / (4 * tl.maximum(l1, eps)), mask=in_range)
+            tl.store(mu_ptr + bh * N + n, _mu(count, width, l1, eps), mask=in_range)
             tl.store(l1_ptr + bh * N + n, l1, mask=in_range)
         l1_carry += tl.sum(r, axis=0)
         count_carry += tl.sum(valid, axis=0)
     if not CAUSAL:
-        tl.store(mu_ptr + bh, tl.maximum(count_carry, 1.0) * width / (4 * tl.maximum(l1_carry, eps)))
+        tl.store(mu_ptr + bh, _mu(tl.maximum(count_carry, 1.0), width, l1_carry, eps))
         tl.store(l1_ptr + bh, l1_carry)
 
 
@@ -235,8 +314,8 @@ def mu_grad_scan(
 ):  # fmt: skip
     """Gradient reaching each row's L1 norm, one (sample, head) per program.
 
-    With g_t = grad_mu_t * dmu_t/d||K||_1 (``-mu / ||K||_1``, 0 where the eps floor is active),
-    row n gets ``sum_{t >= n} g_t`` when causal (a reverse prefix sum, (N,)) and g otherwise (one value).
+    With g_t = grad_mu_t * dmu_t/d||K||_1, row n gets ``sum_{t >= n} g_t`` when causal (a reverse
+    prefix sum, (N,)) and g otherwise (one value).
     """
     bh = tl.program_id(0).to(tl.int64)
     if CAUSAL:
@@ -247,27 +326,29 @@ def mu_grad_scan(
             grad_mu = tl.load(grad_mu_ptr + bh * N + n, mask=in_range, other=0.0)
             mu = tl.load(mu_ptr + bh * N + n, mask=in_range, other=0.0)
             l1 = tl.load(l1_ptr + bh * N + n, mask=in_range, other=1.0)
-            g = tl.where(l1 >= eps, -grad_mu * mu / tl.maximum(l1, eps), 0.0)
+            g = _mu_grad(grad_mu, mu, l1, eps)
             tl.store(g_row_ptr + bh * N + n, carry + tl.cumsum(g, axis=0, reverse=True), mask=in_range)
             carry += tl.sum(g, axis=0)
     else:
-        l1 = tl.load(l1_ptr + bh)
-        g = tl.where(l1 >= eps, -tl.load(grad_mu_ptr + bh) * tl.load(mu_ptr + bh) / tl.maximum(l1, eps), 0.0)
+        g = _mu_grad(tl.load(grad_mu_ptr + bh), tl.load(mu_ptr + bh), tl.load(l1_ptr + bh), eps)
         tl.store(g_row_ptr + bh, g)
 
 
 @triton.jit
 def row_l1_bwd(
     k_ptr, pad_ptr, g_row_ptr, gk_ptr,
-    R, H, N, D, s_kb, s_kh, s_kn, s_kd, G_DIV,
-    HAS_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    H, N, s_kb, s_kh, s_kn, s_kd,
+    D: tl.constexpr, K_ALIGN: tl.constexpr, G_PER_ROW: tl.constexpr, HAS_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Gradient of K, ``sign(K) * g_row * valid`` in K's dtype; g_row per row (G_DIV = 1) or per (b, h) (G_DIV = N)."""
-    rows, cols, mask = _tile(tl.program_id(0), R, D, BLOCK_R, BLOCK_D)
-    x = tl.load(k_ptr + _strided(rows, cols, H, N, s_kb, s_kh, s_kn, s_kd), mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_row_ptr + rows // G_DIV, mask=rows < R, other=0.0)  # (BLOCK_R,)
+    """Gradient of K, ``sign(K) * g_row * valid`` in K's dtype; g_row per row (G_PER_ROW) or per (b, h) slice."""
+    bh, n, rows, cols, row_mask, mask = _slice_tile(N, D, BLOCK_N, BLOCK_D)
+    x = tl.load(k_ptr + _strided(bh, n, cols, H, s_kb, s_kh, s_kn, s_kd, K_ALIGN), mask=mask, other=0.0).to(tl.float32)
+    if G_PER_ROW:
+        g = tl.load(g_row_ptr + rows, mask=row_mask, other=0.0)  # (BLOCK_N,)
+    else:
+        g = tl.zeros((BLOCK_N,), tl.float32) + tl.load(g_row_ptr + bh)
     if HAS_PAD:
-        padded = tl.load(pad_ptr + (rows // (H * N)) * N + rows % N, mask=rows < R, other=0)
-        g = g * (1 - padded).to(tl.float32)
+        g = g * _unpadded(pad_ptr, bh, n, row_mask, H, N)
     sign = (x > 0).to(tl.float32) - (x < 0).to(tl.float32)
     tl.store(gk_ptr + rows[:, None] * D + cols[None, :], (sign * g[:, None]).to(gk_ptr.dtype.element_ty), mask=mask)

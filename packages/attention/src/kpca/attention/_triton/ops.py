@@ -9,8 +9,12 @@ direction; and the three functions at the bottom that ``functional.rpc_attention
 Shapes: K, L, S, Z and the cleaned keys Kt are (B, H, N, D); tau and mu are (B, H, 1, 1), or
 (B, H, N, 1) for a causal mu. S, Z, tau and mu are float32; K and L are float32, bfloat16 or
 float16 (K's dtype for Kt and K's gradient, L's for L's gradient).
+
+Every launch runs under :func:`_device_guard` of its inputs: Triton launches on the current CUDA
+device and stream, and custom ops do not switch to their inputs' device.
 """
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -19,20 +23,71 @@ import triton
 from kpca.attention._pap import L1_EPS
 from kpca.attention._triton import kernels
 
-MAX_BLOCK_ELEMENTS = 4096
-"""Elements per element-wise tile: BLOCK_R = MAX_BLOCK_ELEMENTS // BLOCK_D rows of BLOCK_D columns."""
+# Launch configuration, chosen from ptxas's register counts for sm_90 (no GPU has timed it yet):
+# with 4 warps on 4096-element tiles, pap_step_fwd (the hottest kernel) needs about 200 registers per
+# thread at D = 64 in bfloat16, which caps an SM at 8 resident warps; with 8 warps about 100, and
+# with 8 warps on 2048-element tiles about 50, with no spill at any head dim the AOT test compiles
+# (4096-element tiles spill a little in pap_step_bwd at D = 72). 2048 elements on 256 threads is one
+# 16-byte vector per thread per bfloat16 tensor. The final values come from a GPU sweep over these
+# constants, which the CUDA benchmark of `make test-gpu` (benchmarks/attention.py --device cuda) prints.
+MAX_BLOCK_ELEMENTS = 2048
+"""Elements per element-wise tile: MAX_BLOCK_ELEMENTS // BLOCK_D rows of BLOCK_D columns."""
+ELEMENTWISE_NUM_WARPS = 8
+"""Warps per program of the element-wise kernels (every kernel but the two scans)."""
 SCAN_BLOCK = 128
 """Positions per step of the per-(sample, head) mu scans."""
+SCAN_NUM_WARPS = 4
+"""Warps per program of the mu scans (one (sample, head) each, SCAN_BLOCK positions per step)."""
+MAX_GRID_AXIS_1 = 65535
+"""CUDA's limit on the second grid axis, the token blocks of one (b, h) slice."""
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _blocks(d: int) -> tuple[int, int]:
+def _slice_blocks(n: int, d: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_D) of the kernels tiling (b, h) slices: MAX_BLOCK_ELEMENTS at most, no more rows than N needs."""
+    block_d = triton.next_power_of_2(d)
+    return max(1, min(MAX_BLOCK_ELEMENTS // block_d, triton.next_power_of_2(n))), block_d
+
+
+def _slice_grid(slices: int, n: int, block_n: int) -> tuple[int, int]:
+    """The grid (B * H, token blocks) of the kernels tiling (b, h) slices."""
+    blocks = triton.cdiv(n, block_n)
+    if blocks > MAX_GRID_AXIS_1:
+        raise ValueError(
+            f"N = {n} tokens need {blocks} blocks of {block_n} rows, more than CUDA's grid limit of "
+            f"{MAX_GRID_AXIS_1}; use backend='torch' for sequences this long"
+        )
+    return slices, blocks
+
+
+def _row_blocks(d: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_D) of the kernels tiling contiguous (R, D) tensors."""
     block_d = triton.next_power_of_2(d)
     return max(1, MAX_BLOCK_ELEMENTS // block_d), block_d
 
 
-def _grid(rows: int, block_r: int) -> tuple[int]:
+def _row_grid(rows: int, block_r: int) -> tuple[int]:
     return (triton.cdiv(rows, block_r),)
+
+
+def _row_alignment(t: torch.Tensor) -> int:
+    """The largest power of two up to 16 that divides the start of every (b, h, n) row of ``t`` (its ``ALIGN``).
+
+    Every stride of a dimension longer than 1 is a multiple of it; 1 unless the last stride is 1.
+    Triton's JIT only sees which integer arguments are multiples of 16.
+    """
+    if t.stride(-1) != 1:
+        return 1
+    strides = [stride for size, stride in zip(t.shape[:-1], t.stride()[:-1], strict=True) if size > 1]
+    align = 16
+    while any(stride % align for stride in strides):
+        align //= 2
+    return align
+
+
+def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Make ``t``'s CUDA device the current one inside the block (its kernels launch there); a no-op off CUDA."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def _check_keys(name: str, t: torch.Tensor) -> None:
@@ -40,6 +95,8 @@ def _check_keys(name: str, t: torch.Tensor) -> None:
         raise ValueError(
             f"{name} must be a (B, H, N, D) tensor of dtype in {KERNEL_DTYPES}, got {tuple(t.shape)} {t.dtype}"
         )
+    if t.shape[-1] < 1:
+        raise ValueError(f"{name} has head dim D = 0 (shape {tuple(t.shape)}); the Triton kernels need D >= 1")
 
 
 def _check_like(name: str, t: torch.Tensor, shape: torch.Size, device: torch.device) -> None:
@@ -47,15 +104,15 @@ def _check_like(name: str, t: torch.Tensor, shape: torch.Size, device: torch.dev
         raise ValueError(f"{name} is {tuple(t.shape)} on {t.device}; expected {tuple(shape)} on {device}")
 
 
-def _check_tau(tau: torch.Tensor, k: torch.Tensor) -> int:
-    """Check tau against K; return how many rows share one threshold (N, or 1 for a causal tau)."""
+def _check_tau(tau: torch.Tensor, k: torch.Tensor) -> bool:
+    """Check tau against K; return whether it holds one threshold per row (a causal tau) rather than per slice."""
     b, h, n, _ = k.shape
-    if tau.dtype != torch.float32 or tuple(tau.shape) not in ((b, h, 1, 1), (b, h, n, 1)):
+    if tau.dtype != torch.float32 or tuple(tau.shape) not in ((b, h, 1, 1), (b, h, n, 1)) or tau.device != k.device:
         raise ValueError(
-            f"tau must be float32 of shape (B, H, 1, 1) or (B, H, N, 1) = {(b, h, 1, 1)} or {(b, h, n, 1)}, "
-            f"got {tuple(tau.shape)} {tau.dtype}"
+            f"tau must be float32 of shape (B, H, 1, 1) or (B, H, N, 1) = {(b, h, 1, 1)} or {(b, h, n, 1)} "
+            f"on {k.device}, got {tuple(tau.shape)} {tau.dtype} on {tau.device}"
         )
-    return n if tau.shape[2] == 1 else 1
+    return tau.shape[2] != 1
 
 
 def _f32_like(k: torch.Tensor) -> torch.Tensor:
@@ -76,15 +133,17 @@ def _grad_tau(row_grads: torch.Tensor, sign: torch.Tensor, tau_div: int) -> torc
 def pap_first_op(k: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(S, Kt, sign)``: S = shrink(K, tau) (float32), Kt = clamp(K, -tau, tau) (K's dtype), int8 sign."""
     _check_keys("k", k)
-    tau_div = _check_tau(tau, k)
+    tau_per_row = _check_tau(tau, k)
     b, h, n, d = k.shape
     s, kt = _f32_like(k), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     sign = torch.empty(k.shape, dtype=torch.int8, device=k.device)
-    block_r, block_d = _blocks(d)
-    kernels.pap_first_fwd[_grid(b * h * n, block_r)](
-        k, tau.contiguous(), s, kt, sign, b * h * n, h, n, d, *k.stride(), tau_div,
-        BLOCK_R=block_r, BLOCK_D=block_d,
-    )  # fmt: skip
+    block_n, block_d = _slice_blocks(n, d)
+    with _device_guard(k):
+        kernels.pap_first_fwd[_slice_grid(b * h, n, block_n)](
+            k, tau.contiguous(), s, kt, sign, h, n, *k.stride(),
+            D=d, K_ALIGN=_row_alignment(k), TAU_PER_ROW=tau_per_row, BLOCK_N=block_n, BLOCK_D=block_d,
+            num_warps=ELEMENTWISE_NUM_WARPS,
+        )  # fmt: skip
     return s, kt, sign
 
 
@@ -105,11 +164,13 @@ def pap_first_backward_op(
     b, h, n, d = sign.shape
     grad_k = torch.empty(sign.shape, dtype=k_dtype, device=sign.device)
     row_grads = torch.empty(b * h * n, dtype=torch.float32, device=sign.device)
-    block_r, block_d = _blocks(d)
-    kernels.pap_first_bwd[_grid(b * h * n, block_r)](
-        sign, _contiguous_or(grad_s, sign), _contiguous_or(grad_kt, sign), grad_k, row_grads, b * h * n, d,
-        HAS_GS=grad_s is not None, HAS_GKT=grad_kt is not None, BLOCK_R=block_r, BLOCK_D=block_d,
-    )  # fmt: skip
+    block_r, block_d = _row_blocks(d)
+    with _device_guard(sign):
+        kernels.pap_first_bwd[_row_grid(b * h * n, block_r)](
+            sign, _contiguous_or(grad_s, sign), _contiguous_or(grad_kt, sign), grad_k, row_grads, b * h * n,
+            D=d, HAS_GS=grad_s is not None, HAS_GKT=grad_kt is not None, BLOCK_R=block_r, BLOCK_D=block_d,
+            num_warps=ELEMENTWISE_NUM_WARPS,
+        )  # fmt: skip
     return grad_k, _grad_tau(row_grads, sign, tau_div)
 
 
@@ -149,7 +210,7 @@ def pap_step_op(
     """``(Z', S', Kt, sign)`` of one later PAP step, as in ``_pap.PapStep`` (``z=None`` for zero)."""
     _check_keys("k", k)
     _check_keys("l", l)
-    tau_div = _check_tau(tau, k)
+    tau_per_row = _check_tau(tau, k)
     for name, t in (("l", l), ("s", s)) + ((("z", z),) if z is not None else ()):
         _check_like(name, t, k.shape, k.device)
     for name, t in (("s", s), ("z", z)):
@@ -158,12 +219,14 @@ def pap_step_op(
     b, h, n, d = k.shape
     z_new, s_new, kt = _f32_like(k), _f32_like(k), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     sign = torch.empty(k.shape, dtype=torch.int8, device=k.device)
-    block_r, block_d = _blocks(d)
-    kernels.pap_step_fwd[_grid(b * h * n, block_r)](
-        k, l, tau.contiguous(), _contiguous_or(z, s), s.contiguous(), z_new, s_new, kt, sign,
-        b * h * n, h, n, d, *k.stride(), *l.stride(), tau_div,
-        HAS_Z=z is not None, BLOCK_R=block_r, BLOCK_D=block_d,
-    )  # fmt: skip
+    block_n, block_d = _slice_blocks(n, d)
+    with _device_guard(k):
+        kernels.pap_step_fwd[_slice_grid(b * h, n, block_n)](
+            k, l, tau.contiguous(), _contiguous_or(z, s), s.contiguous(), z_new, s_new, kt, sign,
+            h, n, *k.stride(), *l.stride(),
+            D=d, K_ALIGN=_row_alignment(k), L_ALIGN=_row_alignment(l), TAU_PER_ROW=tau_per_row, HAS_Z=z is not None,
+            BLOCK_N=block_n, BLOCK_D=block_d, num_warps=ELEMENTWISE_NUM_WARPS,
+        )  # fmt: skip
     return z_new, s_new, kt, sign
 
 
@@ -191,13 +254,14 @@ def pap_step_backward_op(
     grad_l = torch.empty(sign.shape, dtype=l_dtype, device=dev)
     grad_z = _f32_like(sign) if need_grad_z else sign.new_empty(0, dtype=torch.float32)
     grad_s, row_grads = _f32_like(sign), torch.empty(b * h * n, dtype=torch.float32, device=dev)
-    block_r, block_d = _blocks(d)
-    kernels.pap_step_bwd[_grid(b * h * n, block_r)](
-        sign, _contiguous_or(grad_z_new, sign), _contiguous_or(grad_s_new, sign), _contiguous_or(grad_kt, sign),
-        grad_k, grad_l, grad_z if need_grad_z else grad_s, grad_s, row_grads, b * h * n, d,
-        HAS_GZ=grad_z_new is not None, HAS_GS=grad_s_new is not None, HAS_GKT=grad_kt is not None,
-        NEED_GZ=need_grad_z, BLOCK_R=block_r, BLOCK_D=block_d,
-    )  # fmt: skip
+    block_r, block_d = _row_blocks(d)
+    with _device_guard(sign):
+        kernels.pap_step_bwd[_row_grid(b * h * n, block_r)](
+            sign, _contiguous_or(grad_z_new, sign), _contiguous_or(grad_s_new, sign), _contiguous_or(grad_kt, sign),
+            grad_k, grad_l, grad_z if need_grad_z else grad_s, grad_s, row_grads, b * h * n,
+            D=d, HAS_GZ=grad_z_new is not None, HAS_GS=grad_s_new is not None, HAS_GKT=grad_kt is not None,
+            NEED_GZ=need_grad_z, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=ELEMENTWISE_NUM_WARPS,
+        )  # fmt: skip
     return grad_k, _grad_tau(row_grads, sign, tau_div), grad_l, grad_z, grad_s
 
 
@@ -247,25 +311,28 @@ def pap_mu_op(
     """``(mu, ||K||_1)`` as in ``_pap.pap_mu``: (B, H, 1, 1), or (B, H, N, 1) when causal, float32."""
     _check_keys("k", k)
     b, h, n, d = k.shape
-    if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (b, n)):
+    padding = key_padding_mask
+    if padding is not None and (padding.dtype != torch.bool or padding.shape != (b, n) or padding.device != k.device):
         raise ValueError(
-            f"key_padding_mask must be a bool (B, N) = {(b, n)} tensor, got "
-            f"{tuple(key_padding_mask.shape)} {key_padding_mask.dtype}"
+            f"key_padding_mask must be a bool (B, N) = {(b, n)} tensor on {k.device}, got "
+            f"{tuple(padding.shape)} {padding.dtype} on {padding.device}"
         )
     row_l1 = torch.empty(b * h * n, dtype=torch.float32, device=k.device)
     pad = _padding(key_padding_mask, k)
-    block_r, block_d = _blocks(d)
-    kernels.row_l1[_grid(b * h * n, block_r)](
-        k, pad, row_l1, b * h * n, h, n, d, *k.stride(),
-        HAS_PAD=key_padding_mask is not None, BLOCK_R=block_r, BLOCK_D=block_d,
-    )  # fmt: skip
     out_shape = (b, h, n if is_causal else 1, 1)
     mu = torch.empty(out_shape, dtype=torch.float32, device=k.device)
     l1 = torch.empty(out_shape, dtype=torch.float32, device=k.device)
-    kernels.mu_scan[(b * h,)](
-        row_l1, pad, mu, l1, h, n, float(width), eps,
-        HAS_PAD=key_padding_mask is not None, CAUSAL=is_causal, BLOCK_N=SCAN_BLOCK,
-    )  # fmt: skip
+    block_n, block_d = _slice_blocks(n, d)
+    with _device_guard(k):
+        kernels.row_l1[_slice_grid(b * h, n, block_n)](
+            k, pad, row_l1, h, n, *k.stride(),
+            D=d, K_ALIGN=_row_alignment(k), HAS_PAD=key_padding_mask is not None, BLOCK_N=block_n, BLOCK_D=block_d,
+            num_warps=ELEMENTWISE_NUM_WARPS,
+        )  # fmt: skip
+        kernels.mu_scan[(b * h,)](
+            row_l1, pad, mu, l1, h, n, float(width), eps,
+            HAS_PAD=key_padding_mask is not None, CAUSAL=is_causal, BLOCK_N=SCAN_BLOCK, num_warps=SCAN_NUM_WARPS,
+        )  # fmt: skip
     return mu, l1
 
 
@@ -289,15 +356,17 @@ def pap_mu_backward_op(
     """The gradient of K in :func:`pap_mu_op` from the incoming mu gradient."""
     b, h, n, d = k.shape
     g_row = torch.empty(mu.numel(), dtype=torch.float32, device=k.device)
-    kernels.mu_grad_scan[(b * h,)](
-        grad_mu.contiguous(), mu, l1, g_row, n, eps, CAUSAL=is_causal, BLOCK_N=SCAN_BLOCK
-    )  # fmt: skip
     grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    block_r, block_d = _blocks(d)
-    kernels.row_l1_bwd[_grid(b * h * n, block_r)](
-        k, _padding(key_padding_mask, k), g_row, grad_k, b * h * n, h, n, d, *k.stride(), 1 if is_causal else n,
-        HAS_PAD=key_padding_mask is not None, BLOCK_R=block_r, BLOCK_D=block_d,
-    )  # fmt: skip
+    block_n, block_d = _slice_blocks(n, d)
+    with _device_guard(k):
+        kernels.mu_grad_scan[(b * h,)](
+            grad_mu.contiguous(), mu, l1, g_row, n, eps, CAUSAL=is_causal, BLOCK_N=SCAN_BLOCK, num_warps=SCAN_NUM_WARPS
+        )  # fmt: skip
+        kernels.row_l1_bwd[_slice_grid(b * h, n, block_n)](
+            k, _padding(key_padding_mask, k), g_row, grad_k, h, n, *k.stride(),
+            D=d, K_ALIGN=_row_alignment(k), G_PER_ROW=is_causal, HAS_PAD=key_padding_mask is not None,
+            BLOCK_N=block_n, BLOCK_D=block_d, num_warps=ELEMENTWISE_NUM_WARPS,
+        )  # fmt: skip
     return grad_k
 
 
@@ -357,3 +426,15 @@ def pap_mu(
 ) -> torch.Tensor:
     """``_pap.pap_mu`` on the Triton kernels: (B, H, 1, 1), or (B, H, N, 1) when causal, float32."""
     return pap_mu_op(k, key_padding_mask, width, is_causal, L1_EPS)[0]
+
+
+def try_launch(device: torch.device) -> None:
+    """Compile and run one tiny kernel on ``device`` and wait for it.
+
+    Raises whatever stops Triton from running there (no C compiler for its launcher, an unsupported
+    GPU, a driver error); ``auto`` calls it once per process before its first Triton call.
+    """
+    ones = torch.ones(1, 1, 1, 1, device=device)  # (B, H, N, D) keys, and a (B, H, 1, 1) tau
+    pap_first_op(ones, ones)
+    if ones.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():  # no sync in a CUDA graph
+        torch.cuda.synchronize(ones.device)  # a launch fault is asynchronous: surface it here
