@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from kpca.language_model.cli import main
+from kpca.language_model.perplexity import PERPLEXITY_REPORT
 from kpca.training.compare import compare
 from kpca.training.files import write_atomic
 
@@ -48,8 +49,8 @@ def train_test_sample(kind: str, configs: Path, out: Path, extra: list[str]) -> 
 
 
 def read_perplexities(log_dir: Path) -> dict[str, dict[str, float]]:
-    """``set -> {ppl_word, ppl_token}`` from a test run's ``perplexity.csv``."""
-    with open(log_dir / "perplexity.csv", newline="") as f:
+    """``set -> {ppl_word, ppl_token}`` from a test run's perplexity report."""
+    with open(log_dir / f"{PERPLEXITY_REPORT.stem}.csv", newline="") as f:
         return {row["set"]: {k: float(row[k]) for k in ("ppl_word", "ppl_token")} for row in csv.DictReader(f)}
 
 

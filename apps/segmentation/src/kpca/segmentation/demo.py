@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from kpca.segmentation.callbacks import overlay  # noqa: E402
 from kpca.segmentation.cli import SegmentationCLI, main  # noqa: E402
+from kpca.segmentation.evaluation import SEGMENTATION_REPORT  # noqa: E402
 from kpca.segmentation.module import SegmentationModule  # noqa: E402
 from kpca.training.compare import compare  # noqa: E402
 from kpca.training.files import write_atomic  # noqa: E402
@@ -63,8 +64,8 @@ def train_and_test(kind: str, configs: Path, out: Path, extra: list[str]) -> tup
 
 
 def read_results(log_dir: Path) -> dict[str, float]:
-    """``{set: mIoU %}`` from a test run's ``segmentation.csv``: ``clean``, ``fog/1``, ``fog/mean``, ..."""
-    with open(log_dir / "segmentation.csv", newline="") as f:
+    """``{set: mIoU %}`` from a test run's segmentation report: ``clean``, ``fog/1``, ``fog/mean``, ..."""
+    with open(log_dir / f"{SEGMENTATION_REPORT.stem}.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     return {_set_key(row): float(row["mIoU"]) for row in rows}
 

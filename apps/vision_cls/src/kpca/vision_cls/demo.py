@@ -12,7 +12,6 @@ comparison, the headlines and the kernel-PCA section, with ``report.png`` and ``
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from kpca.training.compare import compare  # noqa: E402
 from kpca.training.files import write_atomic  # noqa: E402
 from kpca.training.trainer import first_inputs  # noqa: E402
 from kpca.vision_cls.cli import main  # noqa: E402
+from kpca.vision_cls.evaluation import ROBUSTNESS_REPORT  # noqa: E402
 
 logger = logging.getLogger("kpca.vision_cls.demo")
 
@@ -71,9 +71,8 @@ def train_and_test(kind: str, configs: Path, out: Path, extra: list[str]) -> Dem
 
 
 def read_results(log_dir: Path) -> dict[str, float]:
-    """The ``metric -> value`` rows of a test run's ``robustness.csv``."""
-    with open(log_dir / "robustness.csv", newline="") as f:
-        return {row["metric"]: float(row["value"]) for row in csv.DictReader(f)}
+    """The ``metric -> value`` rows of a test run's robustness report."""
+    return ROBUSTNESS_REPORT.read(log_dir / f"{ROBUSTNESS_REPORT.stem}.csv")
 
 
 def severity_curve(results: dict[str, float]) -> list[float]:
