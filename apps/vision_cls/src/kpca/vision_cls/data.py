@@ -1,8 +1,11 @@
 """ImageNet-style data for image classification: DeiT training transforms, robustness test sets, built-in digits.
 
 Every dataloader yields ``(images, labels)`` with ``images`` float32 in pixel space [0, 1], shape (B, 3, H, W), and
-``labels`` int64, shape (B,). Under DDP the evaluation loaders (validation, test, predict) use
-:class:`kpca.training.data.UnpaddedDistributedSampler`, so every image counts exactly once on any number of ranks.
+``labels`` int64, shape (B,), once on the device. With ``device_augment`` (the default) the training loader's workers
+stop at uint8 images and :meth:`ImageNetDataModule.on_after_batch_transfer` finishes the transform batched on the
+device (float conversion and random erasing, :mod:`kpca.vision_cls.device_augment`). Under DDP the evaluation
+loaders (validation, test, predict) use :class:`kpca.training.data.UnpaddedDistributedSampler`, so every image counts
+exactly once on any number of ranks.
 Nothing is normalised here: the model normalises inside (with :attr:`mean` and
 :attr:`std`), so adversarial attacks and corruptions work in pixel units. The one exception is random erasing, whose
 fill is drawn in normalised space as in DeiT and is therefore allowed to leave [0, 1] (see
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+import torch
 from imagecorruptions import get_corruption_names
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -45,6 +49,7 @@ from kpca.training.image_corruptions import check_corruptions
 from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset
+from kpca.vision_cls.device_augment import BatchRandomErasing, DeviceTrainAugment
 from kpca.vision_cls.robustness import SubsetName, check_class_folders, subset_synsets
 
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
@@ -179,6 +184,11 @@ class ImageNetDataModule(ProjectDataModule):
             ``auto_augment`` is set.
         re_prob: Random-erasing probability for training (DeiT: 0.25); 0 disables.
         re_mode: Random-erasing fill, drawn in normalised space as in timm (see :class:`PixelSpaceRandomErasing`).
+        device_augment: Finish the training transform on the device: workers return uint8 (3, H, W) images and the
+            float conversion and random erasing run batched after transfer (:class:`DeviceTrainAugment`, the same
+            distributions); False keeps them per image in the workers (:class:`PixelSpaceRandomErasing`). Either way
+            the training step sees float32 pixel-space images. With ``re_prob=0`` (the digits demo) both give
+            identical batches.
         interpolation: Resampling filter of the training crop, of RandAugment and of the evaluation resize.
         repeated_aug: Copies of each training sample per epoch spread over the ranks (DeiT: 3); 1 disables.
         pin_memory: Pin loaded batches in page-locked memory (only when the trainer's accelerator is not the CPU).
@@ -216,6 +226,7 @@ class ImageNetDataModule(ProjectDataModule):
         color_jitter: float = 0.3,
         re_prob: float = 0.25,
         re_mode: Literal["pixel", "rand", "const"] = "pixel",
+        device_augment: bool = True,
         interpolation: Interpolation = "bicubic",
         repeated_aug: int = 3,
         pin_memory: bool = True,
@@ -260,6 +271,7 @@ class ImageNetDataModule(ProjectDataModule):
         self.color_jitter = color_jitter
         self.re_prob = re_prob
         self.re_mode = re_mode
+        self.device_augment = device_augment
         self.interpolation = interpolation
         self.repeated_aug = repeated_aug
         self.imagenet_c_root = Path(imagenet_c_root) if imagenet_c_root is not None else None
@@ -270,6 +282,7 @@ class ImageNetDataModule(ProjectDataModule):
         self.severities = tuple(severities)
         self.eval_subset = eval_subset
         self.train_set: Dataset | None = None
+        self._device_augment: DeviceTrainAugment | None = None
         self.val_set: Dataset | None = None
         self.test_sets: list[Dataset] | None = None
 
@@ -361,11 +374,13 @@ class ImageNetDataModule(ProjectDataModule):
             self.test_sets = [_evenly_spaced(self._build_eval_set(s), self.eval_subset) for s in self.eval_sets]
 
     def train_transform(self) -> Callable:
-        """DeiT training transform, ending in a pixel-space (3, H, W) float tensor.
+        """DeiT training transform of the workers: a uint8 (3, H, W) tensor with ``device_augment``, else float.
 
         timm's ``transforms_imagenet_train`` builds the PIL stages (random resized crop, horizontal flip, RandAugment or
         color jitter). Its tensor stage is replaced: timm would normalise there (``normalize=False`` gives uint8 and
-        drops random erasing), so ``ToTensor`` and :class:`PixelSpaceRandomErasing` follow instead.
+        drops random erasing). With ``device_augment`` the workers stop at ``PILToTensor`` (uint8) and
+        :meth:`device_train_augment` finishes on the device; otherwise ``ToTensor`` and
+        :class:`PixelSpaceRandomErasing` follow here, per image.
         """
         primary, secondary, _ = transforms_imagenet_train(
             img_size=self.image_size,
@@ -378,10 +393,30 @@ class ImageNetDataModule(ProjectDataModule):
             std=self.std,
             separate=True,
         )
-        stages = [*primary.transforms, *secondary.transforms, transforms.ToTensor()]
+        stages = [*primary.transforms, *secondary.transforms]
+        if self.device_augment:
+            return transforms.Compose([*stages, transforms.PILToTensor()])
+        stages.append(transforms.ToTensor())
         if self.re_prob > 0:
             stages.append(PixelSpaceRandomErasing(self.re_prob, self.mean, self.std, mode=self.re_mode))
         return transforms.Compose(stages)
+
+    def device_train_augment(self) -> DeviceTrainAugment:
+        """The batched device tail of the training transform: uint8 -> float in [0, 1], random erasing if on."""
+        erasing = BatchRandomErasing(self.re_prob, self.mean, self.std, mode=self.re_mode) if self.re_prob > 0 else None
+        return DeviceTrainAugment(erasing)
+
+    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
+        """Finish uint8 training batches on the device (:meth:`device_train_augment`); pass float batches through.
+
+        Only the training loader with ``device_augment`` yields uint8 images; evaluation batches are already float.
+        """
+        images, labels = batch
+        if images.dtype != torch.uint8:
+            return batch
+        if self._device_augment is None:
+            self._device_augment = self.device_train_augment()
+        return self._device_augment(images), labels
 
     def eval_geometry(self) -> Callable:
         """Evaluation resize (short side to ``image_size / crop_pct``) and center crop, on PIL images."""

@@ -1,0 +1,252 @@
+"""CPU cost of each app's training input pipeline per core, and how many cores one GPU needs to stay fed.
+
+All timings are single-threaded (torch, OpenCV) in one process, on real photographs: scikit-learn's two sample
+images re-encoded as JPEG (quality 90) at ImageNet's typical 500x375 and 375x500, written to a temporary folder.
+
+1. Vision (DeiT recipe, :class:`~kpca.vision_cls.data.ImageNetDataModule`): per stage in ms per image on one core,
+   for today's reference path (``device_augment=False``: ToTensor and random erasing per image in the workers) and
+   the device path (``device_augment=True``: the workers stop at a uint8 tensor; the float conversion and random
+   erasing run batched on the device). The paths run interleaved, image by image, in one loop, so background load
+   hits both alike. The device tail is timed on the CPU on a batch of 64 as an upper bound (a GPU runs it in
+   microseconds); it is not part of the worker cost.
+2. Cores one GPU needs: the GPU's training rate divided by the images/s one core delivers. Rates are RTX 3090 AMP
+   training rates from timm's table (``results/benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv`` in
+   huggingface/pytorch-image-models: deit_tiny 2290.53, deit_small 1053.64, deit_base 390.88 images/s); the H200
+   column ASSUMES 4x the RTX 3090 rate (an assumption, not a measurement).
+3. Segmentation: mmseg's ADE20K training pipeline at 512 crop (:func:`kpca.segmentation.data.train_pipeline`) on a
+   synthetic ADE20K-like folder (the photos at 683x512 and blocky 150-class label PNGs), per image.
+4. Language model: :class:`~kpca.language_model.data.TokenBlocks` batches (96 x 256 tokens, the paper's) over the
+   built-in corpus (``data_dir: builtin``, the demo's 2000-piece tokenizer; tokenised once into the cache), in
+   tokens/s per core.
+
+Run from the repository root (about a minute on 2 busy cores)::
+
+    python benchmarks/input_pipeline.py                # Markdown on stdout
+    python benchmarks/input_pipeline.py --images 600 --output bench.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from PIL import Image
+from sklearn.datasets import load_sample_images
+
+RTX3090_AMP_RATES = {"deit_tiny": 2290.53, "deit_small": 1053.64, "deit_base": 390.88}  # timm's table, images/s
+H200_OVER_RTX3090 = 4.0  # ASSUMPTION: an H200 trains these models about 4x faster than an RTX 3090
+IMAGENET_SIZES = ((500, 375), (375, 500))  # (width, height): ImageNet's most common shapes
+ADE20K_SIZE = (683, 512)
+DEVICE_BATCH = 64
+Stage = tuple[str, Callable]
+
+
+def write_photos(folder: Path, sizes: tuple[tuple[int, int], ...], quality: int = 90) -> list[Path]:
+    """Scikit-learn's sample photos resized to each of ``sizes`` and saved as JPEG in ``folder``."""
+    paths = []
+    for index, photo in enumerate(load_sample_images().images):
+        for width, height in sizes:
+            path = folder / f"photo{index}_{width}x{height}.jpg"
+            Image.fromarray(photo).resize((width, height), Image.BICUBIC).save(path, quality=quality)
+            paths.append(path)
+    return paths
+
+
+def decode(path: Path) -> Image.Image:
+    """ImageFolder's loader: open and decode to RGB."""
+    with open(path, "rb") as f:
+        return Image.open(f).convert("RGB")
+
+
+def vision_paths(root: Path) -> dict[str, list[Stage]]:
+    """The stages of each vision path: decode, then the training transform's stages one by one."""
+    from kpca.vision_cls.data import ImageNetDataModule
+
+    names = {"RandomResizedCropAndInterpolation": "crop", "RandomHorizontalFlip": "flip", "RandAugment": "randaug"}
+    paths = {}
+    for label, device_augment in (("reference (float + erasing per image)", False), ("device_augment", True)):
+        transform = ImageNetDataModule(root=str(root), device_augment=device_augment).train_transform()
+        stages = [("decode", decode)]
+        stages += [(names.get(type(t).__name__, type(t).__name__), t) for t in transform.transforms]
+        paths[label] = stages
+    return paths
+
+
+def time_stages(stages: list[Stage], item: object, totals: dict[str, float]) -> None:
+    """Run ``stages`` on ``item`` in turn, adding each stage's seconds to ``totals``."""
+    for name, stage in stages:
+        start = time.perf_counter()
+        item = stage(item)
+        totals[name] = totals.get(name, 0.0) + time.perf_counter() - start
+
+
+def bench_vision(photos: list[Path], root: Path, images: int) -> dict[str, dict[str, float]]:
+    """Mean ms per image of every stage of every vision path, the paths interleaved image by image."""
+    paths = vision_paths(root)
+    totals: dict[str, dict[str, float]] = {label: {} for label in paths}
+    for warmup in photos:
+        for stages in paths.values():
+            time_stages(stages, warmup, {})
+    for i in range(images):
+        for label, stages in paths.items():
+            time_stages(stages, photos[i % len(photos)], totals[label])
+    return {label: {k: 1e3 * v / images for k, v in stage.items()} for label, stage in totals.items()}
+
+
+def bench_device_tail(root: Path, repeats: int = 5) -> float:
+    """Milliseconds per image of the device tail (uint8 -> float, batched erasing) on the CPU, batch of 64."""
+    from kpca.vision_cls.data import ImageNetDataModule
+
+    tail = ImageNetDataModule(root=str(root)).device_train_augment()
+    batch = torch.randint(0, 256, (DEVICE_BATCH, 3, 224, 224), dtype=torch.uint8)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tail(batch)
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times) / DEVICE_BATCH
+
+
+def write_imagenet_tree(folder: Path, photos: list[Path]) -> Path:
+    """A one-class ImageFolder tree (train and val) so that the datamodule can be built; returns its root."""
+    for split in ("train", "val"):
+        (folder / split / "n00000000").mkdir(parents=True)
+        (folder / split / "n00000000" / photos[0].name).write_bytes(photos[0].read_bytes())
+    return folder
+
+
+def write_ade20k_like(folder: Path, photos: list[Path]) -> Path:
+    """An ADE20K-layout training folder: the photos at 683x512 and blocky label PNGs with values 0-150."""
+    images, labels = folder / "images" / "training", folder / "annotations" / "training"
+    images.mkdir(parents=True)
+    labels.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for path in photos:
+        Image.open(path).resize(ADE20K_SIZE, Image.BICUBIC).save(images / path.name, quality=90)
+        blocks = rng.integers(0, 151, size=(8, 11), dtype=np.uint8)  # (8, 11) regions of 64 px
+        label = np.kron(blocks, np.ones((64, 64), dtype=np.uint8))[: ADE20K_SIZE[1], : ADE20K_SIZE[0]]
+        Image.fromarray(label).save(labels / f"{path.stem}.png")
+    return folder
+
+
+def bench_segmentation(photos: list[Path], folder: Path, images: int) -> float:
+    """Milliseconds per image of mmseg's ADE20K training pipeline at 512 crop."""
+    from kpca.segmentation.data import MMSegDataset, build_transforms, train_pipeline
+
+    dataset = MMSegDataset(write_ade20k_like(folder, photos), "train", build_transforms(train_pipeline()))
+    dataset[0]
+    start = time.perf_counter()
+    for i in range(images):
+        dataset[i % len(dataset)]
+    return 1e3 * (time.perf_counter() - start) / images
+
+
+def bench_tokens(batches: int, batch_size: int = 96) -> float:
+    """Tokens per second of the language model's training loader (main process) over the built-in corpus.
+
+    The loader is iterated in whole epochs until at least ``batches`` full batches' worth of tokens have passed.
+    """
+    from kpca.language_model.data import WikiTextDataModule
+    from kpca.language_model.tokenizer import TokenizerConfig
+
+    tokenizer = TokenizerConfig(vocab_size=2000)  # the demo's; the built-in corpus is too small for 32000 pieces
+    data = WikiTextDataModule(
+        data_dir="builtin", tokenizer=tokenizer, batch_size=batch_size, num_workers=0, word_swap=None
+    )
+    data.prepare_data()
+    data.setup("fit")
+    loader = data.train_dataloader()
+    start = time.perf_counter()
+    tokens = 0
+    while tokens < batches * batch_size * data.context:  # the built-in corpus is small: several epochs
+        for inputs, _ in loader:
+            tokens += inputs.numel()
+    return tokens / (time.perf_counter() - start)
+
+
+def vision_table(results: dict[str, dict[str, float]], device_tail_ms: float) -> list[str]:
+    """Markdown: ms per image per stage, images/s per core, and the speed-up over the reference path."""
+    stages = list(dict.fromkeys(name for stage in results.values() for name in stage))
+    reference = sum(next(iter(results.values())).values())
+    lines = [
+        "| path | " + " | ".join(stages) + " | total ms·core | images/s per core | speed-up |",
+        "|---" * (len(stages) + 4) + "|",
+    ]
+    for label, stage in results.items():
+        total = sum(stage.values())
+        cells = " | ".join(f"{stage[s]:.2f}" if s in stage else "-" for s in stages)
+        lines.append(f"| {label} | {cells} | {total:.2f} | {1e3 / total:.0f} | {reference / total:.2f}x |")
+    lines.append("")
+    lines.append(
+        f"Device tail of `device_augment` (uint8 -> float, batched random erasing), timed on this CPU on a batch of "
+        f"{DEVICE_BATCH}: {device_tail_ms:.2f} ms per image (on the GPU it runs after transfer, not in the workers)."
+    )
+    return lines
+
+
+def cores_table(per_core: dict[str, float]) -> list[str]:
+    """Markdown: cores one GPU needs for each DeiT size, per vision path."""
+    header = "| path | " + " | ".join(f"{m} RTX 3090 / H200*" for m in RTX3090_AMP_RATES) + " |"
+    lines = [header, "|---" * (len(RTX3090_AMP_RATES) + 1) + "|"]
+    for label, rate in per_core.items():
+        cells = [f"{r / rate:.1f} / {H200_OVER_RTX3090 * r / rate:.0f}" for r in RTX3090_AMP_RATES.values()]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "GPU rates: RTX 3090 AMP training images/s from timm's `benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv` "
+        f"({', '.join(f'{m} {r}' for m, r in RTX3090_AMP_RATES.items())}). *H200: ASSUMED {H200_OVER_RTX3090:.0f}x "
+        "the RTX 3090 rate."
+    )
+    return lines
+
+
+def main() -> None:
+    """Run every benchmark and print one Markdown report."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=300, help="vision images per path")
+    parser.add_argument("--seg-images", type=int, default=40, help="segmentation images")
+    parser.add_argument("--token-batches", type=int, default=200, help="language-model batches")
+    parser.add_argument("--output", type=Path, default=None, help="also write the Markdown here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    random.seed(0)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "photos").mkdir()
+        photos = write_photos(folder / "photos", IMAGENET_SIZES)
+        root = write_imagenet_tree(folder / "imagenet", photos)
+        vision = bench_vision(photos, root, args.images)
+        device_tail_ms = bench_device_tail(root)
+        seg_ms = bench_segmentation(photos, folder / "ade20k", args.seg_images)
+    tokens_per_s = bench_tokens(args.token_batches)
+    per_core = {label: 1e3 / sum(stage.values()) for label, stage in vision.items()}
+    lines = ["## Vision: DeiT training transform, ms·core per image per stage", ""]
+    lines += vision_table(vision, device_tail_ms)
+    lines += ["", "## Cores one GPU needs (vision)", ""]
+    lines += cores_table(per_core)
+    lines += ["", "## All apps, one core", ""]
+    lines += ["| app | pipeline | ms·core per item | per core |", "|---|---|---|---|"]
+    for label, rate in per_core.items():
+        lines.append(f"| vision_cls | {label} | {1e3 / rate:.2f} | {rate:.0f} images/s |")
+    lines.append(f"| segmentation | mmseg ADE20K train, 512 crop | {seg_ms:.2f} | {1e3 / seg_ms:.1f} images/s |")
+    lines.append(
+        f"| language_model | TokenBlocks 96x256 | {1e3 * 96 * 256 / tokens_per_s:.3f} per batch | "
+        f"{tokens_per_s / 1e6:.1f} M tokens/s |"
+    )
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.output:
+        args.output.write_text(report)
+
+
+if __name__ == "__main__":
+    main()
