@@ -1,4 +1,4 @@
-"""Training-step time of DeiT, SymViT and RPC-SymViT, and Lightning's training throughput vs a plain loop (CPU, fp32).
+"""Training-step time of DeiT, SymViT and RPC-SymViT, eager and compiled, and Lightning's throughput vs a plain loop.
 
 Every case runs in a fresh Python process.
 
@@ -7,7 +7,10 @@ Every case runs in a fresh Python process.
    images in [0, 1], for SymViT (symmetric attention), RPC-SymViT with 4 PAP iterations in block 0, RPC with 2
    iterations in all blocks, and DeiT (softmax) for reference. Two warm-up steps, then the minimum over at least
    5 timed steps (more while the timed steps stay within a time budget); the models run in turn, once per round,
-   and the fastest round counts.
+   and the fastest round counts. With ``--compile`` each model also runs compiled as the apps' ``--model.compile
+   true`` compiles it (``torch.compile`` of the network's forward in place, Inductor, torch's defaults; the AdamW
+   step stays eager), in its own process: its warm-up steps include the compilation, whose first step is reported,
+   and the table shows both step times and both ratios to SymViT side by side.
 2. Lightning overhead: images/s of ``Trainer.fit`` on :class:`~kpca.vision_cls.module.ClassificationModule`
    against a plain PyTorch loop doing the same work: the same built-in digits loader (batch 64, 32 px, no
    RandAugment, erasing or repeated augmentation, loaded in the main process), the same small symmetric ViT
@@ -22,6 +25,7 @@ Run from the repository root::
     python benchmarks/vision_cls.py --quick     # batch 4 at 128 px, 8-step epochs, one round: ~50 s on 2 idle CPU cores
     python benchmarks/vision_cls.py             # the shapes above, two rounds: ~4 min on 2 idle CPU cores
     python benchmarks/vision_cls.py --check --output bench.md   # exit 1 if a target fails; also write Markdown
+    python benchmarks/vision_cls.py --compile   # also compiled: each DeiT-tiny model compiles for 1-2 min on 2 cores
 
 Timings take the minimum over repeats because that is the one least disturbed by other load. Intra-op threads are
 torch's default; on a CPU shared with other busy processes they oversubscribe the cores and every step slows down
@@ -61,11 +65,16 @@ MIN_LR = 1e-5  # ClassificationModule's default floor of the cosine schedule
 
 
 def run_step_case(case: dict) -> dict:
-    """Time forward + backward + AdamW steps of one DeiT-tiny model; returns the minimum step time (ms)."""
+    """Time forward + backward + AdamW steps of one DeiT-tiny model, eager or compiled.
+
+    Returns the minimum step time (ms), the number of timed steps and the first step's time (s; compiled, it
+    includes the compilation).
+    """
     import torch
     import torch.nn.functional as F
 
     from kpca.attention import AttentionSpec
+    from kpca.training.module import CompileOptions, compile_in_place
     from kpca.vision_cls.model import ViTClassifier
 
     torch.manual_seed(0)
@@ -77,6 +86,8 @@ def run_step_case(case: dict) -> dict:
         img_size=case["img_size"],
         drop_path_rate=0.0,
     )
+    if case["compiled"]:
+        compile_in_place(net, ("forward",), CompileOptions())
     optimizer = torch.optim.AdamW(net.parameters())
     images = torch.rand(case["batch"], 3, case["img_size"], case["img_size"])  # (B, 3, H, W) in [0, 1]
     labels = torch.randint(0, 1000, (case["batch"],))
@@ -86,14 +97,20 @@ def run_step_case(case: dict) -> dict:
         F.cross_entropy(net(images), labels).backward()
         optimizer.step()
 
-    for _ in range(WARMUP_STEPS):
+    first_step_s = timed(step)
+    for _ in range(WARMUP_STEPS - 1):
         step()
     times = []
     while len(times) < MIN_TIMED_STEPS or (len(times) < MAX_TIMED_STEPS and sum(times) < case["budget_s"]):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return {"time_ms": min(times) * 1e3, "steps": len(times)}
+        times.append(timed(step))
+    return {"time_ms": min(times) * 1e3, "steps": len(times), "first_step_s": first_step_s}
+
+
+def timed(step) -> float:
+    """Seconds one call of ``step`` takes."""
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
 
 
 def fit_setup(cache_dir: str | None):
@@ -244,24 +261,50 @@ def target_checks(steps: dict, fits: dict) -> list[Check]:
     return [check(*spec) for spec in specs]
 
 
+def best_step_times(runs: dict[str, list[dict]]) -> dict[str, float]:
+    """The fastest step time (ms) of each model over its runs."""
+    return {name: min(r["time_ms"] for r in model_runs) for name, model_runs in runs.items()}
+
+
+def step_table(step_runs: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """Markdown rows of the step times and their ratios; compiled columns beside the eager ones when measured."""
+    eager = best_step_times(step_runs["eager"])
+    compiled = best_step_times(step_runs["compiled"]) if "compiled" in step_runs else None
+    header, rule = "| model | step (ms) | per round (ms) | / SymViT | / DeiT |", "|---|---:|---:|---:|---:|"
+    if compiled is not None:
+        header += " compiled (ms) | compiled / eager | compiled / SymViT compiled | first compiled step (s) |"
+        rule += "---:|---:|---:|---:|"
+    rows = [header, rule]
+    for name, (label, _) in MODELS.items():
+        t, runs = eager[name], ", ".join(f"{r['time_ms']:.0f}" for r in step_runs["eager"][name])
+        row = f"| {label} | {t:.0f} | {runs} | {t / eager['symmetric']:.2f} | {t / eager['softmax']:.2f} |"
+        if compiled is not None:
+            c, first = compiled[name], min(r["first_step_s"] for r in step_runs["compiled"][name])
+            row += f" {c:.0f} | {c / t:.2f} | {c / compiled['symmetric']:.2f} | {first:.0f} |"
+        rows.append(row)
+    return rows
+
+
 def render(step_runs: dict, fit_runs: dict, args: argparse.Namespace) -> tuple[str, bool]:
     """The Markdown report (settings, step times, throughputs, target checks) and whether every target passed."""
-    steps = {name: min(r["time_ms"] for r in runs) for name, runs in step_runs.items()}
+    steps = best_step_times(step_runs["eager"])
     fits = {loop: max(r["images_per_s"] for r in runs) for loop, runs in fit_runs.items()}
     checks = target_checks(steps, fits)
-    worker = step_runs["symmetric"][0]
+    worker = step_runs["eager"]["symmetric"][0]
     lines = [
         f"device=cpu dtype=fp32 torch={worker['torch']} threads={worker['threads']}",
         "",
         f"Step time (forward + backward + AdamW), DeiT-tiny shapes, batch {args.batch}, {args.img_size} px, "
         f"best of {args.rounds} round(s):",
         "",
-        "| model | step (ms) | per round (ms) | / SymViT | / DeiT |",
-        "|---|---:|---:|---:|---:|",
+        *step_table(step_runs),
     ]
-    for name, (label, _) in MODELS.items():
-        t, runs = steps[name], ", ".join(f"{r['time_ms']:.0f}" for r in step_runs[name])
-        lines.append(f"| {label} | {t:.0f} | {runs} | {t / steps['symmetric']:.2f} | {t / steps['softmax']:.2f} |")
+    if "compiled" in step_runs:
+        lines += [
+            "",
+            "Compiled: torch.compile of the network's forward (Inductor, torch's defaults), as the apps' "
+            "`--model.compile true`; the first compiled step includes the compilation. The targets use eager times.",
+        ]
     lines += [
         "",
         f"Training throughput, digits 32 px, batch {FIT_BATCH}, small symmetric ViT: fastest of "
@@ -291,6 +334,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--cache-dir", default=None, help="where the digits tree is written (default $KPCA_CACHE)")
     p.add_argument("--quick", action="store_true", help="smaller step-time shapes, shorter and fewer fits")
+    p.add_argument("--compile", action="store_true", help="also time each model compiled (torch.compile, Inductor)")
     p.add_argument("--check", action="store_true", help="exit 1 if any target fails")
     p.add_argument("--output", help="also write the Markdown report to this path")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -318,10 +362,13 @@ def main() -> int:
         "budget_s": 1.0 if args.quick else STEP_BUDGET_S,
         "threads": args.threads,
     }
-    step_runs = {name: [] for name in MODELS}
+    variants = ("eager", "compiled") if args.compile else ("eager",)
+    step_runs = {variant: {name: [] for name in MODELS} for variant in variants}
     for _ in range(args.rounds):
-        for name in MODELS:
-            step_runs[name].append(spawn_case({**step_case, "model": name}))
+        for variant in variants:
+            for name in MODELS:
+                case = {**step_case, "model": name, "compiled": variant == "compiled"}
+                step_runs[variant][name].append(spawn_case(case))
     fit_case = {
         "kind": "fit",
         "epochs": args.epochs,

@@ -91,6 +91,15 @@ def test_language_model_runs_link_by_relative_checkpoint_paths_and_average_over_
     )
 
 
+def test_a_compiled_seed_is_a_seed_of_the_same_model(tmp_path: Path):
+    for seed, compiled in ((1, False), (2, True)):
+        config = _config("rpc", seed)
+        config["model"]["compile"] = compiled
+        _run(tmp_path / f"version_{seed}", config, report=_perplexity(30.0 + seed, 31.0))
+    models, _ = group_runs(collect_runs(tmp_path, report_schema("language_model")))
+    assert [[r.seed for r in m.runs] for m in models] == [[1, 2]]
+
+
 def test_other_settings_make_another_model_and_the_newest_evaluation_wins(tmp_path: Path):
     _run(tmp_path / "a" / "version_0", _config("rpc", 1, lr=0.1), checkpoint=True)
     _run(tmp_path / "b" / "version_0", _config("rpc", 1, lr=0.5), checkpoint=True)

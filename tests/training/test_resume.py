@@ -331,3 +331,10 @@ def test_version_glob():
     assert _version_glob(3) == "version_3"
     assert _version_glob(0) == "version_0"
     assert _version_glob("run_a") == "run_a"
+
+
+def test_comparable_ignores_model_compile():
+    """Compiling changes how the network runs, not what it is: a compiled rerun resumes the eager run."""
+    config = {"model": {"compile": False, "lr": 0.1}, "trainer": {"max_epochs": 3}}
+    compiled = {"model": {"compile": {"mode": "max-autotune"}, "lr": 0.1}, "trainer": {"max_epochs": 3}}
+    assert ProjectCLI._comparable(config) == ProjectCLI._comparable(compiled)

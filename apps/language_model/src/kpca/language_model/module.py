@@ -14,7 +14,7 @@ from torch import nn
 from kpca.language_model.data import LanguageData
 from kpca.language_model.perplexity import NLLTotals, perplexity_rows, write_perplexity_report
 from kpca.training.data import require_built, require_datamodule
-from kpca.training.module import NetModule
+from kpca.training.module import CompileOptions, NetModule
 from kpca.training.optim import parameter_groups, warmup_cosine
 
 
@@ -48,7 +48,12 @@ class LanguageModelModule(NetModule):
         min_lr_ratio: the cosine decays to ``min_lr_ratio`` times the peak lr at the last step.
         weight_decay_norms_and_biases: also decay biases, norms and position embeddings.
         generation: settings of ``predict``.
+        compile: compile the network's trunk (``hidden``: embeddings, blocks, final norm) with ``torch.compile``
+            (``true``, or :class:`~kpca.training.module.CompileOptions`); the output head runs eager (the adaptive
+            softmax picks rows per cluster, shapes that depend on the data).
     """
+
+    compiled_methods = ("hidden",)  # training, evaluation (token_nll) and generation reach the blocks through it
 
     def __init__(
         self,
@@ -58,10 +63,11 @@ class LanguageModelModule(NetModule):
         min_lr_ratio: float = 0.0,
         weight_decay_norms_and_biases: bool = False,
         generation: Generation = Generation(),  # noqa: B008 (frozen dataclass)
+        compile: bool | CompileOptions = False,
     ) -> None:
         if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"need warmup_steps >= 0 and min_lr_ratio in [0, 1], got {warmup_steps}, {min_lr_ratio}")
-        super().__init__(net, optimizer)
+        super().__init__(net, optimizer, compile)
         self.generation = generation
         self.eval_totals = nn.ModuleDict()
 

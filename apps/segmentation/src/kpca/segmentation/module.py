@@ -18,7 +18,7 @@ from kpca.segmentation.evaluation import corruption_results, write_reports
 from kpca.segmentation.inference import predict_label_map
 from kpca.segmentation.metrics import IGNORE_INDEX, SegmentationMetrics
 from kpca.training.data import require_datamodule
-from kpca.training.module import NetModule
+from kpca.training.module import CompileOptions, NetModule
 from kpca.training.optim import polynomial
 
 
@@ -52,6 +52,8 @@ class SegmentationModule(NetModule):
         min_lr: lr at the last step (Segmenter: 1e-5).
         window: sliding-window side at evaluation (the paper: 512).
         stride: sliding-window stride at evaluation (the paper: 512).
+        compile: compile the network (``true``, or :class:`~kpca.training.module.CompileOptions`):
+            training and the sliding-window windows of validation, test and predict run it compiled.
     """
 
     def __init__(
@@ -62,10 +64,11 @@ class SegmentationModule(NetModule):
         min_lr: float = 1e-5,
         window: int = 512,
         stride: int = 512,
+        compile: bool | CompileOptions = False,
     ) -> None:
         if not 0 < stride <= window:
             raise ValueError(f"need 0 < stride <= window, got stride={stride}, window={window}")
-        super().__init__(net, optimizer)
+        super().__init__(net, optimizer, compile)
         self.val_metrics = SegmentationMetrics(net.num_classes, IGNORE_INDEX)
         self.val_loss = MeanMetric()  # a mean over images: DDP ranks with unequal shards average correctly
         self.test_metrics = nn.ModuleList()

@@ -15,7 +15,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from kpca.training.data import require_datamodule
-from kpca.training.module import NetModule
+from kpca.training.module import CompileOptions, NetModule
 from kpca.training.optim import parameter_groups, warmup_cosine
 from kpca.vision_cls.data import VisionData
 from kpca.vision_cls.evaluation import RobustnessEvaluator
@@ -39,6 +39,8 @@ class ClassificationModule(NetModule):
         ema_decay: keep an exponential moving average of the weights with this decay (None: off);
             validation then also reports ``val/ema_acc1``.
         evaluator: robustness evaluations run by ``test`` (corruptions, ImageNet-A/R/O, attacks).
+        compile: compile the network (``true``, or :class:`~kpca.training.module.CompileOptions`):
+            training, validation and the test evaluations (attacks included) run it compiled; the EMA copy runs eager.
     """
 
     unsaved_hparams = ("evaluator",)  # evaluation settings come from the config of `test`, not the checkpoint
@@ -58,8 +60,9 @@ class ClassificationModule(NetModule):
         mixup_switch_prob: float = 0.5,
         ema_decay: float | None = None,
         evaluator: RobustnessEvaluator | None = None,
+        compile: bool | CompileOptions = False,
     ) -> None:
-        super().__init__(net, optimizer)
+        super().__init__(net, optimizer, compile)
         num_classes = net.num_classes
         self.mixup = (
             Mixup(

@@ -56,7 +56,8 @@ def record_attention_inputs(model: nn.Module) -> Iterator[dict[str, torch.Tensor
         for name, layer in attention_layers(model).items()
     ]
     try:
-        yield inputs
+        with torch.compiler.set_stance("force_eager"):  # a compiled forward does not guard on hooks: run it eager
+            yield inputs
     finally:
         for handle in handles:
             handle.remove()

@@ -46,8 +46,11 @@ AUTO_RESUME = ("auto", "last")
 """``fit --ckpt_path`` values that resume from the newest readable checkpoint of this experiment, if any."""
 LIGHTNING_CKPT_KEYWORDS = ("hpc", "best", "registry")
 RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
-RESUME_IGNORED_KEYS = ("ckpt_path", "config", "trainer.logger.init_args.version", "trainer.logger.init_args.purge_step")
-"""Config keys that resuming itself sets: a saved run whose config differs only in these is this experiment."""
+RESUME_IGNORED_KEYS = (
+    "ckpt_path", "config", "trainer.logger.init_args.version", "trainer.logger.init_args.purge_step", "model.compile",
+)  # fmt: skip
+"""Config keys that resuming itself sets, and ``model.compile`` (it changes how the network runs, not what it is): a
+saved run whose config differs only in these is this experiment."""
 
 
 def batch_size(batch: Any) -> int:

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 RUN_SPECIFIC_KEYS = (
     "seed_everything", "ckpt_path", "config", "trainer.logger", "trainer.default_root_dir", "data.cache_dir",
+    "model.compile",
 )  # fmt: skip
 """Config keys that do not define a model: runs differing only in these are seeds of one model."""
 

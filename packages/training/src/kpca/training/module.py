@@ -2,12 +2,57 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from typing import Literal
+
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
 from kpca.training.checkpointing.resume import record_run_folder
 from kpca.training.rng_state import RNGStateCheckpointing
+
+ALWAYS_UNSAVED_HPARAMS = ("compile",)
+"""Arguments of every :class:`NetModule` that describe how a run executes, not the model: never saved."""
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """The ``torch.compile`` arguments the network is compiled with (YAML ``model.compile``; ``true`` is the defaults).
+
+    Args:
+        mode: Inductor's mode: ``default``, ``reduce-overhead`` (CUDA graphs), ``max-autotune`` or
+            ``max-autotune-no-cudagraphs``; None is torch's default.
+        fullgraph: raise at the first graph break instead of running that part eagerly.
+        dynamic: True compiles for symbolic shapes from the start, False for each shape seen, None (torch's
+            default) turns a dimension symbolic once it changes.
+        backend: the compiler backend (``inductor``; ``aot_eager`` traces without generating code, to debug).
+    """
+
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    backend: str = "inductor"
+
+
+def compile_options(compile: bool | CompileOptions) -> CompileOptions | None:
+    """The options ``compile`` asks for: None when off, the defaults for True; TypeError for anything else."""
+    if isinstance(compile, CompileOptions):
+        return compile
+    if isinstance(compile, bool):
+        return CompileOptions() if compile else None
+    raise TypeError(f"compile must be a bool or a CompileOptions, got {compile!r}; e.g. --model.compile true")
+
+
+def compile_in_place(net: nn.Module, methods: tuple[str, ...], options: CompileOptions) -> None:
+    """Replace each of ``net``'s ``methods`` on the instance by its ``torch.compile`` (of the bound method).
+
+    The module tree, its parameter names and its state_dict do not change (no ``_orig_mod.``), unlike with
+    ``torch.compile(net)``; ``forward`` covers ``net(x)``. Compilation itself happens at the first call.
+    """
+    for name in methods:
+        setattr(net, name, torch.compile(getattr(net, name), **asdict(options)))
 
 
 class NetModule(RNGStateCheckpointing, pl.LightningModule):
@@ -15,29 +60,55 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
 
     Hyper-parameters are saved by one rule for every app. Built from Python, the network is not saved (it is
     an object). Built by LightningCLI, the parsed config is saved, network included as its ``class_path`` /
-    ``init_args``, so ``load_from_checkpoint`` rebuilds the model. Names in :attr:`unsaved_hparams` are never
-    saved: a checkpoint's hparams override the config of ``test --ckpt_path``, so evaluation settings stay out.
+    ``init_args``, so ``load_from_checkpoint`` rebuilds the model. Names in :attr:`unsaved_hparams` and
+    ``compile`` are never saved: a checkpoint's hparams override the config of ``test --ckpt_path``, so
+    evaluation and execution settings stay out (a model loaded from a checkpoint runs eager unless asked).
     Checkpoints carry every rank's RNG states (:class:`RNGStateCheckpointing`) and the run folder that wrote them
     (for ``--ckpt_path auto``, :mod:`kpca.training.checkpointing.resume`).
 
-    Subclasses call ``super().__init__(net, optimizer)`` first in their ``__init__``.
+    With ``compile``, :meth:`configure_model` compiles the network's :attr:`compiled_methods` in place, as
+    Lightning advises for submodules: parameter names and checkpoints are those of the eager network, so
+    checkpoints move freely between compiled and eager runs. Submodules called directly run eager (the
+    attention-map callback recomputes its maps with the attention layers). Each state the compiled code depends on
+    costs one compile: grad mode (training, evaluation, attacks), a new input shape (then compiled for symbolic
+    shapes), the RPC diagnostics' ``record_state``. Torch does not guard on the hooks themselves
+    (``torch._dynamo.config.skip_nnmodule_hook_guards``): a graph traced with earlier forward hooks may run in
+    place of new ones, so calls that register hooks should run eager (``torch.compiler.set_stance("force_eager")``).
+
+    Subclasses call ``super().__init__(net, optimizer, compile)`` first in their ``__init__``.
 
     Args:
         net: the network.
         optimizer: optimizer factory taking parameters or parameter groups.
+        compile: compile the network with ``torch.compile`` (True: torch's defaults; or :class:`CompileOptions`).
     """
 
     unsaved_hparams: tuple[str, ...] = ()
+    compiled_methods: tuple[str, ...] = ("forward",)
+    """The network's methods that ``compile`` compiles: those the steps call (``forward`` is ``net(x)``)."""
     flops_per_batch: int | None = None
     """FLOPs per training batch for ``ThroughputMonitor``'s MFU; None: not measured (samples/s still logged)."""
 
-    def __init__(self, net: nn.Module, optimizer: OptimizerCallable) -> None:
+    def __init__(self, net: nn.Module, optimizer: OptimizerCallable, compile: bool | CompileOptions = False) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["net", *self.unsaved_hparams])
+        unsaved = [*ALWAYS_UNSAVED_HPARAMS, *self.unsaved_hparams]
+        self.save_hyperparameters(ignore=["net", *unsaved])
         if "_instantiator" in self.hparams:
-            self.save_hyperparameters(ignore=list(self.unsaved_hparams))
+            self.save_hyperparameters(ignore=unsaved)
         self.net = net
         self.optimizer_factory = optimizer
+        self.compile_options = compile_options(compile)
+        self._net_compiled = False
+
+    def configure_model(self) -> None:
+        """Compile the network's :attr:`compiled_methods` in place (:func:`compile_in_place`) when ``compile`` asks.
+
+        Once: Lightning calls this hook at every stage (and ``load_from_checkpoint`` calls it too).
+        """
+        if self.compile_options is None or self._net_compiled:
+            return
+        compile_in_place(self.net, self.compiled_methods, self.compile_options)
+        self._net_compiled = True
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add the run folder to the RNG states (called on every rank: ``log_dir`` is agreed between ranks)."""
