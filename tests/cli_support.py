@@ -103,3 +103,28 @@ def assert_rerun_resumes(
     events.Reload()
     steps = [event.step for event in events.Scalars("train/loss_step")]
     assert steps == sorted(set(steps)) and steps[-1] == total_steps - 1  # one step axis, no repeated steps
+
+
+COMPILED_FIT_OPTIONS = ("--model.compile=true", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2",
+                        "--trainer.log_every_n_steps=1", "--rpc_diagnostics.every_n_steps=1")  # fmt: skip
+"""A short compiled fit: two training steps, two validation batches.
+
+Limits of 2, not 1: once mmengine is imported (the segmentation tests), jsonargparse reads ``1`` as ``1.0``, which
+Lightning takes for 100 %. Diagnostics on every step keep one training graph (their switch recompiles).
+"""
+
+
+def run_compiled_fit(main: Callable, prog: str, smoke: Path, root: Path, cache: Path, metric: str):
+    """``<prog> fit --model.compile true`` on a smoke config; checks that it trained and evaluated compiled.
+
+    Returns:
+        The CLI object and the run's ``last.ckpt``, whose keys are checked to be the eager module's.
+    """
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    cli = run_cli(main, prog, "fit", *smoke_options(smoke, root, cache, *COMPILED_FIT_OPTIONS))
+    assert cli.trainer.global_step == 2 and metric in cli.trainer.callback_metrics
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # training and evaluation ran compiled
+    last = Path(cli.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    assert not [key for key in torch.load(last, weights_only=True)["state_dict"] if "_orig_mod" in key]
+    return cli, last
