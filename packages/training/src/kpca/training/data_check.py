@@ -1,0 +1,118 @@
+"""Finding damaged data before it costs a run: problems named by file, and a parallel check over every file.
+
+Every app's datamodule implements ``check_data() -> list[DataProblem]`` (the ``check-data`` subcommand prints them
+as one table and exits non-zero when there are any) and runs its cheap checks (layout, non-empty splits, text
+encoding) in ``setup``, raising :class:`DataError` before the model is built. :func:`check_in_workers` reads many
+files in the datamodule's DataLoader workers with a progress bar.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from torch.utils.data import DataLoader, Dataset
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DataProblem:
+    """One problem found in the data: the file (full path), the split, what is wrong and what to do.
+
+    Attributes:
+        path: the damaged file or folder, as an absolute path.
+        split: the split or set it belongs to (``train``, ``val``, ``imagenet_c/fog/3``, ...).
+        problem: what is wrong, with values as they are on disk.
+        fix: what the user can do about it.
+    """
+
+    path: str
+    split: str
+    problem: str
+    fix: str
+
+    def message(self) -> str:
+        """The problem as one sentence for an exception: path, split, what is wrong, the fix."""
+        return f"{self.path} ({self.split}): {self.problem}. {self.fix}"
+
+
+class DataError(ValueError):
+    """Data that cannot be used, with the problems that make it so (each names its file and the fix)."""
+
+    def __init__(self, problems: Sequence[DataProblem] | DataProblem) -> None:
+        self.problems = [problems] if isinstance(problems, DataProblem) else list(problems)
+        if not self.problems:
+            raise ValueError("DataError needs at least one DataProblem.")
+        lines = [problem.message() for problem in self.problems[:20]]
+        if len(self.problems) > 20:
+            lines.append(f"... and {len(self.problems) - 20} more (run the app's check-data subcommand for all).")
+        super().__init__("\n".join(lines))
+
+
+def format_problems(problems: Sequence[DataProblem]) -> str:
+    """A Markdown table of ``problems`` (path, split, problem, fix), or a line saying there are none."""
+    if not problems:
+        return "No problems found."
+    rows = ["| path | split | problem | fix |", "|---|---|---|---|"]
+    for problem in problems:
+        cells = (problem.path, problem.split, problem.problem, problem.fix)
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows)
+
+
+class _CheckEach(Dataset):
+    """Item ``i`` is ``check(items[i])``: the list of problems of one file, computed in a worker."""
+
+    def __init__(self, items: Sequence[T], check: Callable[[T], list[DataProblem]]) -> None:
+        self.items = items
+        self.check = check
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> list[DataProblem]:
+        return self.check(self.items[index])
+
+
+def _concatenate(batch: list[list[DataProblem]]) -> list[DataProblem]:
+    return [problem for problems in batch for problem in problems]
+
+
+def check_in_workers(
+    items: Sequence[T],
+    check: Callable[[T], list[DataProblem]],
+    num_workers: int,
+    description: str,
+    progress: bool = True,
+    chunk: int = 64,
+) -> list[DataProblem]:
+    """Run ``check`` on every item in ``num_workers`` DataLoader workers (0: this process), with a progress bar.
+
+    Args:
+        items: what to check (paths, or tuples of paths); picklable, as is ``check``.
+        check: returns the problems of one item (an empty list when it is sound); it must not raise.
+        num_workers: worker processes, as the training loader's.
+        description: the progress bar's label (e.g. ``"train images"``).
+        progress: show a progress bar on stderr.
+        chunk: items per worker task.
+
+    Returns:
+        The problems in the order of ``items``.
+    """
+    from tqdm import tqdm
+
+    loader = DataLoader(
+        _CheckEach(items, check), batch_size=chunk, num_workers=num_workers, collate_fn=_concatenate, shuffle=False
+    )
+    problems: list[DataProblem] = []
+    with tqdm(total=len(items), desc=description, unit="file", disable=not progress, file=sys.stderr) as bar:
+        done = 0
+        for batch_problems in loader:
+            problems.extend(batch_problems)
+            step = min(chunk, len(items) - done)
+            done += step
+            bar.update(step)
+    return problems
