@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from kpca.language_model.text_check import find_invalid_utf8, invalid_utf8_problem
+from kpca.training.data_check import DataError
 from kpca.training.files import write_atomic
 
 SPLITS = ("train", "valid", "test")
@@ -36,17 +38,22 @@ def split_file(folder: str | os.PathLike[str], split: str, kind: str = "raw") ->
     return Path(folder) / f"wiki.{split}.{kind}"
 
 
+def layout_hint(kind: str = "raw") -> str:
+    """What a WikiText folder of ``kind`` (raw or tokens) holds, for errors about a missing file."""
+    archive = "wikitext-103-raw-v1" if kind == "raw" else "wikitext-103-v1"
+    names = ", ".join(split_file(".", s, kind).name for s in SPLITS)
+    return (
+        f"expected the WikiText-103 layout of text_files: {kind}, a folder with {names} (the unzipped {archive} "
+        "archive), or data_dir: builtin for the built-in corpus"
+    )
+
+
 def check_layout(folder: str | os.PathLike[str], kind: str = "raw") -> Path:
     """``folder`` as a Path, after checking that it holds the three WikiText files of ``kind`` (raw or tokens)."""
     path = Path(folder).expanduser()
     missing = [split_file(path, s, kind).name for s in SPLITS if not split_file(path, s, kind).is_file()]
     if missing:
-        archive = "wikitext-103-raw-v1" if kind == "raw" else "wikitext-103-v1"
-        names = ", ".join(split_file(path, s, kind).name for s in SPLITS)
-        raise FileNotFoundError(
-            f"data_dir {str(folder)!r} lacks {missing}: expected the WikiText-103 layout of text_files: {kind}, "
-            f"a folder with {names} (the unzipped {archive} archive), or data_dir: builtin for the built-in corpus"
-        )
+        raise FileNotFoundError(f"data_dir {str(folder)!r} lacks {missing}: {layout_hint(kind)}")
     return path
 
 
@@ -59,17 +66,34 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def iter_lines(path: str | os.PathLike[str], chunk_lines: int = 100_000) -> Iterator[list[str]]:
-    """The lines of a text file (newlines stripped, universal newlines as Python reads them), in chunks."""
+def iter_lines(path: str | os.PathLike[str], chunk_lines: int = 100_000, split: str = "") -> Iterator[list[str]]:
+    """The lines of a text file (newlines stripped, universal newlines as Python reads them), in chunks.
+
+    Raises:
+        DataError: when the file is not UTF-8, naming the file, ``split`` (default: from the file name), the line,
+            the byte offset and the bad bytes.
+    """
     chunk: list[str] = []
     with open(path, encoding="utf-8") as stream:
-        for line in stream:
-            chunk.append(line.rstrip("\n"))
-            if len(chunk) == chunk_lines:
-                yield chunk
-                chunk = []
+        try:
+            for line in stream:
+                chunk.append(line.rstrip("\n"))
+                if len(chunk) == chunk_lines:
+                    yield chunk
+                    chunk = []
+        except UnicodeDecodeError as error:
+            found = find_invalid_utf8(path)
+            if found is None:  # the file changed while it was read
+                raise
+            raise DataError(invalid_utf8_problem(path, split or split_of(path), found)) from error
     if chunk:
         yield chunk
+
+
+def split_of(path: str | os.PathLike[str]) -> str:
+    """The split a text file holds, from its name: ``valid`` for ``wiki.valid.raw``, else the file's stem."""
+    parts = Path(path).name.split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "wiki" and parts[1] in SPLITS else Path(path).stem
 
 
 def count_words(text: str) -> int:

@@ -14,6 +14,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -28,13 +29,16 @@ from kpca.language_model.corpus import (
     count_words,
     file_digest,
     iter_lines,
+    layout_hint,
     split_file,
     write_builtin_corpus,
 )
+from kpca.language_model.text_check import check_text_file
 from kpca.language_model.tokenizer import Tokenizer, TokenizerConfig, train_tokenizer
 from kpca.language_model.word_swap import WordSwap, word_swap
 from kpca.language_model.word_tokenizer import WordTokenizer
 from kpca.training.data import ProjectDataModule
+from kpca.training.data_check import DataError, DataProblem, check_in_workers
 from kpca.training.files import write_atomic
 
 BUILTIN = "builtin"
@@ -42,14 +46,38 @@ HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 DEFAULT_PROMPTS = ("The", "A function is", "In Python, a class")
 
 
+def _check_split_file(item: tuple[Path, str], missing_fix: str) -> list[DataProblem]:
+    """The problems of one ``(text file, split)`` (a module function, so that DataLoader workers can run it)."""
+    path, split = item
+    return check_text_file(path, split, missing_fix)
+
+
+def _fingerprint(path: Path) -> tuple[str, int, int]:
+    """``(path, size, mtime)`` of a file, to recognise one already checked; a missing file gets size -1."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return str(path), -1, 0
+    return str(path), stat.st_size, stat.st_mtime_ns
+
+
 @dataclass(frozen=True)
 class TokenArray:
-    """A tokenised text on disk: ``length`` token ids of ``dtype`` at ``path``, from a text of ``words`` words."""
+    """A tokenised text on disk: ``length`` token ids of ``dtype`` at ``path``, from a text of ``words`` words.
+
+    ``source`` is the text file it was made from (named in errors), None when unknown.
+    """
 
     path: Path
     dtype: str
     length: int
     words: int
+    source: Path | None = None
+
+    @property
+    def origin(self) -> Path:
+        """The file to name in errors about these tokens: the text file when known, else the token file."""
+        return self.source or self.path
 
     def open(self) -> np.ndarray:
         """The (T,) token ids, memory-mapped read-only."""
@@ -60,28 +88,35 @@ def prepare_tokens(text_file: Path, tokenizer: Tokenizer | WordTokenizer, cache_
     """Tokenise ``text_file`` into ``<cache_dir>/tokens/<tokenizer>/<name>-<text digest>.bin`` once, and describe it.
 
     The token file is streamed line chunk by line chunk (WikiText-103's 540 MB never sits in memory
-    as Python ints) and renamed into place; its ``.json`` sidecar, written last, marks it complete.
+    as Python ints) and renamed into place; its ``.json`` sidecar, written last, marks it complete. A failure
+    (text that is not UTF-8, an empty text) leaves neither file behind.
+
+    Raises:
+        DataError: naming ``text_file``, when it is not UTF-8 (line, byte offset) or holds no text.
     """
     folder = cache_dir / "tokens" / tokenizer.cache_name
     stem = f"{name}-{file_digest(text_file)[:16]}"
     meta_file = folder / f"{stem}.json"
     if meta_file.exists():
         meta = json.loads(meta_file.read_text())
-        return TokenArray(folder / f"{stem}.bin", meta["dtype"], meta["length"], meta["words"])
+        return TokenArray(folder / f"{stem}.bin", meta["dtype"], meta["length"], meta["words"], text_file)
     dtype = "uint16" if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else "uint32"
     counts = {"length": 0, "words": 0}
 
     def write(stream) -> None:
-        for lines in iter_lines(text_file):
+        for lines in iter_lines(text_file, split=name):
             ids = tokenizer.encode_lines(lines).astype(dtype)
             ids.tofile(stream)
             counts["length"] += len(ids)
             counts["words"] += count_words("\n".join(lines) + "\n")
+        if counts["length"] == 0:
+            fix = "Every split needs text: copy or download the file again"
+            raise DataError(DataProblem(str(text_file.absolute()), name, "the file holds no text (0 tokens)", fix))
 
     write_atomic(folder / f"{stem}.bin", write)
     meta = {"dtype": dtype, "source": str(text_file), **counts}
     write_atomic(meta_file, lambda f: f.write(json.dumps(meta, indent=2)), mode="w")
-    return TokenArray(folder / f"{stem}.bin", dtype, counts["length"], counts["words"])
+    return TokenArray(folder / f"{stem}.bin", dtype, counts["length"], counts["words"], text_file)
 
 
 class TokenBlocks(Dataset):
@@ -91,7 +126,10 @@ class TokenBlocks(Dataset):
         self.tokens, self.context = tokens, context
         self._array: np.ndarray | None = None  # opened lazily, once per process (a memmap does not pickle)
         if len(self) == 0:
-            raise ValueError(f"{tokens.path} holds {tokens.length} tokens, fewer than one block of {context + 1}")
+            raise ValueError(
+                f"{tokens.origin} holds {tokens.length} tokens, fewer than one block of {context + 1} (context + 1); "
+                "use a larger text or a smaller data.context"
+            )
 
     def __len__(self) -> int:
         return (self.tokens.length - 1) // self.context
@@ -131,7 +169,7 @@ class SlidingWindows(Dataset):
         self.score_first_token = score_first_token
         self.num_targets = tokens.length if score_first_token else tokens.length - 1  # P
         if self.num_targets < 1:
-            raise ValueError(f"{tokens.path} holds {tokens.length} tokens, too few to score one")
+            raise ValueError(f"{tokens.origin} holds {tokens.length} tokens, too few to score one; use a larger text")
         self._array: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -292,6 +330,7 @@ class WikiTextDataModule(ProjectDataModule):
         self.word_swap = word_swap
         self.tokenizer: Tokenizer | WordTokenizer | None = None
         self.arrays: dict[str, TokenArray] = {}
+        self._sound_files: set[tuple[str, int, int]] = set()  # text files this process found sound, by size and mtime
 
     @property
     def vocab_size(self) -> int:
@@ -354,25 +393,101 @@ class WikiTextDataModule(ProjectDataModule):
         return folder
 
     def prepare_data(self) -> None:
-        """Write the corpus, train the tokenizer and tokenise every split once (one process per node)."""
+        """Write the corpus, check its text files, train the tokenizer and tokenise every split (once per node)."""
         self._load()
 
     def setup(self, stage: str) -> None:
-        """Split the global batch over the processes (:class:`ProjectDataModule`), load the tokenizer and tokens."""
+        """Split the global batch (:class:`ProjectDataModule`), check the text files, load the tokenizer and tokens.
+
+        Raises:
+            DataError: before any model step, naming every text file that is missing, empty or not UTF-8, a train
+                text too small for the vocabulary, or a split too short for one block or window.
+        """
         super().setup(stage)
         self._load()
 
+    def check_data(self, progress: bool = True) -> tuple[int, list[DataProblem]]:
+        """Check every split's text file (exists, non-empty, UTF-8) in the loader's workers, then the vocabulary.
+
+        The vocabulary check builds the tokenizer from a sound train file when it is not in the cache yet (the run
+        would build it first, and reuses it): a corpus too small for ``tokenizer.vocab_size`` is reported with the
+        largest vocabulary it allows.
+
+        Args:
+            progress: show a progress bar on stderr.
+
+        Returns:
+            The number of text files checked and every problem found (each names its file and the fix).
+        """
+        files = self._text_files()
+        problems = check_in_workers(
+            [(path, split) for split, path in files.items()],
+            partial(_check_split_file, missing_fix=layout_hint(self.hparams.text_files)),
+            num_workers=min(self.num_workers, len(files)),
+            description="text files",
+            progress=progress,
+            chunk=1,
+        )
+        if not any(problem.split == "train" for problem in problems):
+            problems += self._vocabulary_problems(files["train"])
+        return len(files), problems
+
+    def _text_files(self) -> dict[str, Path]:
+        """The text file of each split, not checked (the built-in and HF sources are written first)."""
+        data_dir = self.hparams.data_dir
+        folder = Path(data_dir).expanduser() if data_dir not in (None, BUILTIN) else self.corpus_folder()
+        return {split: self._split_file(folder, split) for split in SPLITS}
+
+    def _require_sound_text(self, files: dict[str, Path]) -> None:
+        """The cheap checks, before the tokenizer trains: DataError naming every missing, empty or non-UTF-8 file.
+
+        A file found sound is not read again by this process while its size and modification time stay the same.
+        """
+        unchecked = [(path, split) for split, path in files.items() if _fingerprint(path) not in self._sound_files]
+        missing_fix = layout_hint(self.hparams.text_files)
+        problems = [problem for item in unchecked for problem in _check_split_file(item, missing_fix)]
+        if problems:
+            raise DataError(problems)
+        self._sound_files.update(_fingerprint(path) for path, _ in unchecked)
+
+    def _vocabulary_problems(self, train_file: Path) -> list[DataProblem]:
+        """The problem of a train text too small for the vocabulary (none when the tokenizer builds)."""
+        try:
+            train_tokenizer(train_file, self.tokenizer_config, self.cache_dir)
+        except DataError as error:
+            return error.problems
+        return []
+
+    def _require_enough_tokens(self) -> None:
+        """DataError naming each text too short for one training block (train) or one scored target (evaluation)."""
+        problems = []
+        train = self.arrays["train"]
+        if train.length <= self.context:
+            problem = f"the text gives {train.length} tokens, fewer than one training block of context + 1 = "
+            problem += str(self.context + 1)
+            fix = "Use a larger train text, or a smaller data.context"
+            problems.append(DataProblem(str(train.origin.absolute()), "train", problem, fix))
+        minimum = 1 if self.hparams.score_first_token else 2
+        for name, tokens in self.arrays.items():
+            if name != "train" and tokens.length < minimum:
+                problem = f"the text gives {tokens.length} tokens, too few to score one (score_first_token: false)"
+                problems.append(DataProblem(str(tokens.origin.absolute()), name, problem, "Use a larger text"))
+        if problems:
+            raise DataError(problems)
+
     def _load(self) -> None:
-        folder = self.corpus_folder()
-        self.tokenizer = train_tokenizer(self._split_file(folder, "train"), self.tokenizer_config, self.cache_dir)
+        files = self._text_files()
+        self._require_sound_text(files)
+        self.tokenizer = train_tokenizer(files["train"], self.tokenizer_config, self.cache_dir)
         for split in SPLITS:
-            self.arrays[split] = prepare_tokens(self._split_file(folder, split), self.tokenizer, self.cache_dir, split)
+            self.arrays[split] = prepare_tokens(files[split], self.tokenizer, self.cache_dir, split)
         if self.word_swap is not None:
             for split in self.hparams.test_splits:
-                attacked = self._attacked_file(self._split_file(folder, split))
+                attacked = self._attacked_file(files[split])
                 self.arrays[f"{split}_wordswap"] = prepare_tokens(
                     attacked, self.tokenizer, self.cache_dir, f"{split}_{self.word_swap.tag}"
                 )
+        self._require_enough_tokens()
 
     def _attacked_file(self, text_file: Path) -> Path:
         """``text_file`` under the word-swap attack, written once into the cache."""

@@ -12,6 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,10 +24,13 @@ import sentencepiece as spm
 
 from kpca.language_model.corpus import file_digest
 from kpca.language_model.word_tokenizer import WordTokenizer, build_word_tokenizer
+from kpca.training.data_check import DataError, DataProblem
 from kpca.training.files import write_tree_atomic
 
 UNK_ID, EOS_ID = 0, 1  # sentencepiece's; the word vocabulary puts <eos> first (id 0), as the authors'
 TOKENIZER_KINDS = ("sentencepiece", "word")
+MIN_VOCAB_SIZE = 300  # sentencepiece: 256 byte pieces + <unk> + <eos> + some text pieces
+_VOCAB_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,10 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         if self.kind not in TOKENIZER_KINDS:
             raise ValueError(f"tokenizer kind must be one of {TOKENIZER_KINDS}, got {self.kind!r}")
-        if self.kind == "sentencepiece" and self.vocab_size < 300:
-            raise ValueError(f"vocab_size must be >= 300 (256 byte pieces + specials + text), got {self.vocab_size}")
+        if self.kind == "sentencepiece" and self.vocab_size < MIN_VOCAB_SIZE:
+            raise ValueError(
+                f"vocab_size must be >= {MIN_VOCAB_SIZE} (256 byte pieces + specials + text), got {self.vocab_size}"
+            )
         if self.kind == "word" and self.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2 (<eos> and one word), got {self.vocab_size}")
         if self.model_type not in ("unigram", "bpe"):
@@ -133,6 +141,7 @@ def train_tokenizer(
 
     Raises:
         ValueError: for ``word``, when the vocabulary's size is not ``config.vocab_size`` (names the size).
+        DataError: for sentencepiece, when the text is too small for ``config.vocab_size`` (:func:`corpus_too_small`).
     """
     if config.kind == "word":
         return build_word_tokenizer(train_file, config.vocab_size, config.min_freq, cache_dir)
@@ -148,7 +157,7 @@ def train_tokenizer(
     model_file = folder / "spm.model"
 
     def write(tmp: Path) -> None:
-        with open(os.devnull, "w") as quiet:
+        with open(os.devnull, "w") as quiet, _too_small_as_data_error(train_file, config.vocab_size):
             spm.SentencePieceTrainer.train(
                 input=str(train_file),
                 model_prefix=str(tmp / "spm"),
@@ -170,3 +179,36 @@ def train_tokenizer(
 
     write_tree_atomic(folder, model_file.name, write, what="tokenizer folder")  # spm.model marks a complete folder
     return Tokenizer(model_file)
+
+
+def corpus_too_small(train_file: str | os.PathLike[str], vocab_size: int, largest: int) -> DataProblem:
+    """The problem of a train text from which sentencepiece can build at most ``largest`` < ``vocab_size`` pieces.
+
+    The fix is a larger corpus, or a vocabulary between the project's minimum (:data:`MIN_VOCAB_SIZE`) and
+    ``largest`` when there is room between them.
+    """
+    path = str(Path(train_file).absolute())
+    if largest < MIN_VOCAB_SIZE:
+        problem = (
+            f"the corpus is too small: sentencepiece can build at most {largest} pieces from it, fewer than the "
+            f"minimum vocab_size of {MIN_VOCAB_SIZE} (256 byte pieces, the specials and text pieces)"
+        )
+        return DataProblem(path, "train", problem, "Use a larger train text")
+    problem = (
+        f"the corpus is too small for data.tokenizer.vocab_size={vocab_size}: sentencepiece can build at most "
+        f"{largest} pieces from it (the minimum vocab_size is {MIN_VOCAB_SIZE})"
+    )
+    fix = f"Use a larger train text, or set data.tokenizer.vocab_size between {MIN_VOCAB_SIZE} and {largest}"
+    return DataProblem(path, "train", problem, fix)
+
+
+@contextmanager
+def _too_small_as_data_error(train_file: str | os.PathLike[str], vocab_size: int) -> Iterator[None]:
+    """Turn sentencepiece's "Vocabulary size too high (V). Please set it to a value <= M." into one DataError."""
+    try:
+        yield
+    except RuntimeError as error:
+        match = _VOCAB_TOO_HIGH.search(str(error))
+        if match is None:
+            raise
+        raise DataError(corpus_too_small(train_file, vocab_size, int(match.group(2)))) from error
