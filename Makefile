@@ -44,10 +44,9 @@ test-fast: $(STAMP)  ## the inner loop: skips slow tests
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow and not gpu" -q
 
-GPU_REPORT ?= benchmarks/results/attention_cuda.md
-test-gpu: $(STAMP)  ## on a CUDA machine (under 5 min): gpu and triton tests, then the CUDA benchmark as Markdown
-	$(PY) -m pytest -m "gpu or triton" -q
-	$(PY) benchmarks/attention.py --device cuda --output $(GPU_REPORT)
+GPU_PROOF_ARGS ?=
+test-gpu: $(STAMP)  ## on a CUDA machine (under 8 min): gpu/triton and compile tests, CUDA benchmarks, short bf16 fits of each app; one report in benchmarks/results/
+	$(PY) benchmarks/gpu_proof.py $(GPU_PROOF_ARGS)
 
 bench: $(STAMP)  ## the benchmarks (attention up to N = 4096; vision and LM step time and Lightning throughput)
 	$(PY) benchmarks/attention.py

@@ -9,11 +9,13 @@ Run from the repository root::
     python benchmarks/attention.py --quick               # CPU fp32, B=1 H=4, N in {256, 1024}
     python benchmarks/attention.py                       # CPU fp32, B=1 H=4, N in {256, 1024, 4096}
     python benchmarks/attention.py --device cuda         # CUDA bf16: B*H=64 at N in {1024, 4096}; B=256 H=3 N=197
+    python benchmarks/attention.py --device cuda --dtype float16   # the same cases in another dtype
     python benchmarks/attention.py --check --output bench.md   # exit 1 if a target fails; also write Markdown
 
-Methods: ``sdpa`` (softmax attention, one fused SDPA call), ``rpc`` (``backend="auto"``: Triton
-kernels for CUDA inputs, the torch path otherwise), ``rpc_torch`` (CUDA only: the torch path, for
-comparison) and ``reference`` (the loop-by-loop oracle that materialises N x N maps; CPU only).
+The inputs' dtype is ``--dtype``: bfloat16 on CUDA and float32 on CPU by default. Methods: ``sdpa``
+(softmax attention, one fused SDPA call), ``rpc`` (``backend="auto"``: Triton kernels for CUDA inputs, the
+torch path otherwise), ``rpc_torch`` (CUDA only: the torch path, for comparison) and ``reference`` (the
+loop-by-loop oracle that materialises N x N maps; CPU only).
 
 "tensor peak" is the peak of live tensor bytes above the inputs during one forward + backward
 after a warm-up: on CUDA ``max_memory_allocated`` minus ``memory_allocated``; on CPU the running
@@ -47,6 +49,8 @@ from kpca.attention import rpc_attention, softmax_attention
 from kpca.attention.reference import rpc_attention_reference
 
 LAMBD = 4.0
+DEFAULT_DTYPES = {"cuda": "bfloat16", "cpu": "float32"}  # --dtype when not given
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # as the report's header names them
 N_ITER = 2
 HEAD_DIM = 64
 TIMING_BUDGET_S = 2.0  # timed repeats per case: as many as fit in this budget, between 1 and MAX_REPEATS
@@ -73,8 +77,7 @@ def rss_bytes() -> int:
 
 def make_step(case: dict):
     """Build the case's leaf inputs and return a closure running one forward + backward."""
-    device = torch.device(case["device"])
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
     shape = (*case["shape"], HEAD_DIM)  # (B, H, N, D)
     n_leaves = 3 if case["method"] == "sdpa" else 2  # q, k, v or k, v
     leaves = [torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(n_leaves)]
@@ -274,12 +277,11 @@ def target_checks(results: dict, device: str) -> list[Check]:
     return checks
 
 
-def render(results: dict, checks: list, device: str) -> str:
-    """The Markdown report: settings, one row per case, then the target checks."""
-    dtype = "bf16" if device == "cuda" else "fp32"
+def render(results: dict, checks: list, device: str, dtype: str) -> str:
+    """The Markdown report: settings (``dtype``, a torch dtype name), one row per case, then the target checks."""
     name = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     lines = [
-        f"{name}, {dtype}, D={HEAD_DIM}, n_iter={N_ITER}, lambd={LAMBD}, torch {torch.__version__}",
+        f"{name}, {SHORT_DTYPES[dtype]}, D={HEAD_DIM}, n_iter={N_ITER}, lambd={LAMBD}, torch {torch.__version__}",
         "",
         "| B x H x N | method | time (ms) | tensor peak (MB) | RSS growth (MB) | time / sdpa | mem / sdpa |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -301,6 +303,11 @@ def parse_args() -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        help="dtype of the inputs (default: bfloat16 on CUDA, float32 on CPU)",
+    )
     p.add_argument("--quick", action="store_true", help="CPU: N in {256, 1024} only")
     p.add_argument("--check", action="store_true", help="exit 1 if any target fails")
     p.add_argument("--output", help="also write the Markdown report to this path")
@@ -318,11 +325,12 @@ def main() -> int:
     if args.bandwidth_worker:
         print(json.dumps(pap_step_bandwidth()))
         return 0
+    dtype = args.dtype or DEFAULT_DTYPES[args.device]
     shapes = CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES[:2] if args.quick else CPU_SHAPES
     results = {}
     for shape in shapes:
         for method in methods_for(args.device):
-            case = {"method": method, "shape": shape, "device": args.device}
+            case = {"method": method, "shape": shape, "device": args.device, "dtype": dtype}
             results[method, tuple(shape)] = spawn(__file__, ["--worker", json.dumps(case)])
     checks = target_checks(results, args.device)
     bandwidth = spawn(__file__, ["--bandwidth-worker"]) if args.device == "cuda" else None
@@ -331,7 +339,7 @@ def main() -> int:
         ratio = largest["pap_step_gbs"] / largest["clone_gbs"]
         shape = "x".join(map(str, largest["shape"]))
         checks.append(check(f"bandwidth: pap_step / clone of its bytes, {shape} {largest['dtype']}", ratio, ">=", 0.7))
-    report = render(results, checks, args.device)
+    report = render(results, checks, args.device, dtype)
     if bandwidth is not None:
         report += "\n" + render_bandwidth(bandwidth)
     print(report, end="")
