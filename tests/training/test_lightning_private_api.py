@@ -25,6 +25,11 @@ def _prepare_subcommand_parser() -> None:
     assert _parameters(LightningCLI._prepare_subcommand_parser)[:3] == ["self", "klass", "subcommand"]
 
 
+def _run_subcommand() -> None:
+    assert _parameters(LightningCLI._run_subcommand) == ["self", "subcommand"]
+    assert "self._run_subcommand(self.subcommand)" in inspect.getsource(LightningCLI.__init__)
+
+
 def _cli_parser() -> None:
     assert _parameters(LightningCLI._parser) == ["self", "subcommand"]
 
@@ -58,6 +63,10 @@ PRIVATE_NAMES = {
         _prepare_subcommand_parser,
     ),
     "LightningCLI._parser": ("kpca/training/cli.py ProjectCLI._resume_automatically: dump the fit config", _cli_parser),
+    "LightningCLI._run_subcommand": (
+        "kpca/training/cli.py ProjectCLI: check-data runs without a trainer, fit holds its run folder's lock",
+        _run_subcommand,
+    ),
     "ModelCheckpoint.__warn_if_dir_not_empty": (
         "kpca/training/checkpointing/callback.py Checkpoint: no warning when a run resumes in its own folder",
         _warn_if_dir_not_empty,
@@ -98,6 +107,7 @@ SOURCE = Path(__file__).resolve().parents[2] / "packages" / "training" / "src"
 USED_AS = {
     "LightningCLI._prepare_subcommand_parser": "_prepare_subcommand_parser",
     "LightningCLI._parser": "._parser(",
+    "LightningCLI._run_subcommand": "def _run_subcommand(",
     "ModelCheckpoint.__warn_if_dir_not_empty": "_ModelCheckpoint__warn_if_dir_not_empty",
     "ModelCheckpoint._save_topk_checkpoint": "_save_topk_checkpoint",
     "ModelCheckpoint._last_global_step_saved": "_last_global_step_saved",

@@ -183,8 +183,8 @@ class HParamsSummary(pl.Callback):
     """
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Summarise a fit: final validation metrics and the best monitored score."""
-        metrics = self._metrics(trainer, "val/")
+        """Summarise a fit: final validation metrics, damaged files skipped, and the best monitored score."""
+        metrics = {**self._metrics(trainer, "val/"), **self._metrics(trainer, "data/")}
         best = trainer.checkpoint_callback
         if best is not None and getattr(best, "best_model_score", None) is not None:
             metrics[f"hparams/best/{best.monitor}"] = float(best.best_model_score)

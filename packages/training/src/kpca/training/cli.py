@@ -9,24 +9,35 @@ loggers, and saves the resolved config of each run. ``test`` prints the app's re
 Lightning's table per dataloader. ``analyze`` writes the kernel-PCA diagnostics of a checkpoint
 (:meth:`kpca.training.trainer.ProjectTrainer.analyze`). ``fit --ckpt_path auto`` (or ``last``) resumes from the
 newest readable checkpoint of the same experiment, so rerunning the command that was killed continues it (see
-:mod:`kpca.training.checkpointing.resume`).
+:mod:`kpca.training.checkpointing.resume`). A ``fit`` holds a lock on its run folder (and ``--ckpt_path auto`` one on
+its experiment), so a second identical command refuses, naming the first (:mod:`kpca.training.run_lock`), and removes
+the partial files of checkpoint saves that were killed. A ``--ckpt_path`` written by another app is refused, naming
+that app's command (:mod:`kpca.training.checkpointing.origin`). ``check-data`` reads every file of the configured
+data and lists the damaged ones, building neither model nor trainer (:meth:`ProjectTrainer.check_data`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from kpca.training.analysis import KernelPCAMonitor
+from kpca.training.bad_files import BadFilesMonitor
 from kpca.training.callbacks import (
     DeferredSlurmRequeue,
     HParamsSummary,
@@ -35,9 +46,12 @@ from kpca.training.callbacks import (
     Throughput,
 )
 from kpca.training.checkpointing.callback import Checkpoint
+from kpca.training.checkpointing.io import remove_leftover_writes
+from kpca.training.checkpointing.origin import app_of, check_origin
 from kpca.training.checkpointing.resume import check_checkpoint, find_resume
 from kpca.training.run_config import without_keys
-from kpca.training.trainer import ProjectTrainer
+from kpca.training.run_lock import RunLock
+from kpca.training.trainer import CHECK_DATA, ProjectTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +65,16 @@ RESUME_IGNORED_KEYS = (
 )  # fmt: skip
 """Config keys that resuming itself sets, and ``model.compile`` (it changes how the network runs, not what it is): a
 saved run whose config differs only in these is this experiment."""
+RUN_LOCK_FILE = "fit.lock"
+"""The lock file a ``fit`` holds in its run folder (see :mod:`kpca.training.run_lock`)."""
+NEW_RUN_FOLDER = (
+    "To run beside it, give this run its own version folder: leave trainer.logger.init_args.version unset and pass "
+    "--ckpt_path null (start afresh) or --ckpt_path <one of its checkpoints> (continue a copy of it)."
+)
+NEW_RUN_OF_AN_EXPERIMENT = (
+    "To run beside it, start a new version folder: replace --ckpt_path auto by --ckpt_path null (start afresh) or "
+    "--ckpt_path <one of its checkpoints> (continue a copy of it)."
+)
 
 
 def batch_size(batch: Any) -> int:
@@ -92,6 +116,8 @@ class ProjectCLI(LightningCLI):
     """The Trainer class; an app whose Trainer subclass adds a subcommand also lists it in :meth:`subcommands`."""
     description: str = "A kpca app: fit, validate, test and analyze models from YAML configs."
     """What the app's command does, shown by ``--help``."""
+    _experiment_lock: Path | None = None
+    """The experiment's lock file of ``fit --ckpt_path auto`` (set while resolving it)."""
 
     def __init__(self, model_class, datamodule_class, args: ArgsType = None) -> None:
         console_logging()
@@ -119,6 +145,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(RPCDiagnostics, "rpc_diagnostics")
         parser.add_lightning_class_args(KernelPCAMonitor, "kernel_pca")
         parser.add_lightning_class_args(HParamsSummary, "hparams_summary")
+        parser.add_lightning_class_args(BadFilesMonitor, "bad_files_monitor")
         parser.add_lightning_class_args(DeferredSlurmRequeue, "slurm_requeue")
         parser.add_lightning_class_args(NonFiniteLoss, "nonfinite_loss")
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
@@ -130,8 +157,8 @@ class ProjectCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """Lightning's subcommands plus ``analyze`` (kernel-PCA diagnostics of a checkpoint)."""
-        return {**LightningCLI.subcommands(), "analyze": {"model", "datamodule"}}
+        """Lightning's subcommands plus ``analyze`` (kernel-PCA diagnostics of a checkpoint) and ``check-data``."""
+        return {**LightningCLI.subcommands(), "analyze": {"model", "datamodule"}, CHECK_DATA: {"datamodule"}}
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
@@ -143,19 +170,62 @@ class ProjectCLI(LightningCLI):
         """Add the app's callbacks and argument links (nothing by default)."""
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
-        """Parse, then for ``fit`` resolve ``--ckpt_path auto`` / ``last`` and refuse a damaged explicit checkpoint.
+        """Parse, then check ``--ckpt_path``: resolve ``auto``, refuse damaged files and other apps' checkpoints.
 
-        Done here, before LightningCLI reads the checkpoint's hyper-parameters, so that a damaged file gets an
-        error that names it instead of an unpickling error.
+        ``fit --ckpt_path auto`` (or ``last``) is resolved and a damaged checkpoint to resume from is refused; in
+        every subcommand, so is a checkpoint that another app wrote. Done here, before LightningCLI reads the
+        checkpoint's hyper-parameters, so that a damaged file gets an error that names it instead of an unpickling
+        error, and another app's file one that names that app instead of a parser dump.
         """
         super().parse_arguments(parser, args)
-        if self.config.get("subcommand") != "fit":
+        subcommand = self.config.get("subcommand")
+        if subcommand is None:
             return
-        config = self.config.fit
-        if config.ckpt_path in AUTO_RESUME:
+        config = self.config[subcommand]
+        ckpt_path = config.get("ckpt_path")
+        if subcommand == "fit" and ckpt_path in AUTO_RESUME:
             self._resume_automatically(config)
-        elif config.ckpt_path is not None and config.ckpt_path not in LIGHTNING_CKPT_KEYWORDS:
-            check_checkpoint(config.ckpt_path)
+        elif ckpt_path is not None and ckpt_path not in LIGHTNING_CKPT_KEYWORDS:
+            if subcommand == "fit":
+                check_checkpoint(ckpt_path)
+            check_origin(ckpt_path, app_of(self.model_class), subcommand)
+
+    def instantiate_classes(self) -> None:
+        """Build the configured classes; for ``check-data`` the datamodule alone (no model, no trainer)."""
+        if self.subcommand != CHECK_DATA:
+            super().instantiate_classes()
+            return
+        parser = LightningArgumentParser()
+        parser.add_lightning_class_args(self.datamodule_class, "data", subclass_mode=self.subclass_mode_data)
+        self.datamodule = parser.instantiate(Namespace(data=self.config[CHECK_DATA].data)).data
+        self.model = self.trainer = None
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run the subcommand: ``check-data`` exits with status 1 when it finds problems; ``fit`` holds its locks."""
+        if subcommand == CHECK_DATA:
+            options = self.config[CHECK_DATA]
+            if self.trainer_class.check_data(self.datamodule, options.workers, options.progress).problems:
+                raise SystemExit(1)
+            return
+        with ExitStack() as locks:
+            if subcommand == "fit" and self.trainer.global_rank == 0 and not self.trainer.fast_dev_run:
+                self._lock_run(locks)
+            super()._run_subcommand(subcommand)
+
+    def _lock_run(self, locks: ExitStack) -> None:
+        """Take this fit's locks into ``locks``, then remove what killed checkpoint saves left in its folder.
+
+        ``fit --ckpt_path auto`` first locks its experiment (its configuration, in the logger's experiment folder),
+        so that an identical command refuses even before the first one saved a checkpoint; every fit locks its run
+        folder (the logger's version folder), where its checkpoints, logs and config go. The leftovers are removed
+        only under the lock: a running save's temporary file looks the same.
+        """
+        if self._experiment_lock is not None:
+            what = f"this experiment (its configuration, with --ckpt_path auto) in {self._experiment_lock.parent}"
+            locks.enter_context(RunLock(self._experiment_lock, what, NEW_RUN_OF_AN_EXPERIMENT))
+        folder = _run_folder(self.trainer)
+        locks.enter_context(RunLock(folder / RUN_LOCK_FILE, f"the run folder {folder}", NEW_RUN_FOLDER))
+        remove_leftover_writes(folder / "checkpoints")
 
     def before_fit(self) -> None:
         """Tell the checkpoint callbacks that the run continues in its own folder when it resumes."""
@@ -181,6 +251,7 @@ class ProjectCLI(LightningCLI):
         experiment_dir = Path(init.save_dir) / (init.name or "")
         hpc_dir = Path(config.trainer.default_root_dir or os.getcwd())
         current = self._comparable(yaml.safe_load(self._parser("fit").dump(config, skip_none=False)))
+        self._experiment_lock = experiment_dir / f"fit-{_digest(current)}.lock"
         resume = find_resume(
             experiment_dir,
             hpc_dir,
@@ -232,3 +303,21 @@ def _version_glob(version: int | str | None) -> str:
     if version is None:
         return "version_*"
     return f"version_{version}" if isinstance(version, int) else str(version)
+
+
+def _digest(config: dict) -> str:
+    """A short stable digest of a configuration (its lock file's name)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _run_folder(trainer: pl.Trainer) -> Path:
+    """The folder a fit writes into (``trainer.log_dir``), computed on this process alone.
+
+    ``trainer.log_dir`` broadcasts from rank 0, a collective; this runs before the other processes exist.
+    """
+    if trainer.loggers:
+        first = trainer.loggers[0]
+        folder = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
+        if folder is not None:
+            return Path(folder)
+    return Path(trainer.default_root_dir)

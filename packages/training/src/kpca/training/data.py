@@ -19,6 +19,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.accelerators import CPUAccelerator
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from kpca.training.data_check import DataProblem
+
 T = TypeVar("T")
 P = TypeVar("P")
 _MISSING = object()
@@ -148,7 +150,8 @@ class ProjectDataModule(pl.LightningDataModule):
     (which splits the global batch over the processes), and builds its loaders with :meth:`train_loader` and
     :meth:`eval_loader`. Memory is pinned only when asked and the trainer's accelerator is not the CPU (not when
     CUDA merely exists: a CPU run on a GPU machine does not pin). Evaluation loaders read each item on exactly one
-    rank under DDP (:class:`UnpaddedDistributedSampler`).
+    rank under DDP (:class:`UnpaddedDistributedSampler`). A subclass implements :meth:`check_data`, which the
+    ``check-data`` subcommand runs.
 
     Args:
         batch_size: global training batch over all devices and nodes; each process loads
@@ -195,6 +198,29 @@ class ProjectDataModule(pl.LightningDataModule):
         """Split the global batch over the trainer's processes (one without a trainer); subclasses call it first."""
         world_size = self.trainer.world_size if self.trainer is not None else 1
         self.batch_size_per_device = per_device_batch_size(self.batch_size, world_size)
+
+    def check_data(self, progress: bool = True) -> tuple[int, list[DataProblem]]:
+        """Check every file of the configured splits: ``(files checked, problems)``, for ``<app> check-data``.
+
+        Called on a fresh datamodule (neither ``prepare_data`` nor ``setup`` has run; the command builds no model
+        and no trainer). It verifies what can be verified (files decode, image and annotation sizes agree, label
+        values are in range, text is UTF-8, splits and class folders are not empty, configured folders exist),
+        reads the files with :func:`kpca.training.data_check.check_in_workers` in ``self.num_workers`` workers
+        (the command's ``--workers`` sets it), reports every problem as a
+        :class:`kpca.training.data_check.DataProblem` naming the file (absolute path), the split, what is wrong
+        (values as on disk) and the fix, and raises nothing for damaged data. It may write what ``prepare_data``
+        would (built-in data, a tokenizer) and nothing else.
+
+        Args:
+            progress: show a progress bar on stderr.
+
+        Returns:
+            The number of files checked and the problems found, in a stable order.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement check_data(progress) -> (files checked, problems), so "
+            "check-data cannot check its files; implement it as ProjectDataModule.check_data describes."
+        )
 
     @property
     def pins_memory(self) -> bool:

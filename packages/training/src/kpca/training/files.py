@@ -17,13 +17,35 @@ def _umask() -> int:
     return mask
 
 
+TEMPORARY_SUFFIX = ".tmp"
+"""The end of the name of :func:`write_atomic`'s temporary files."""
+
+
+def temporary_prefix(path: Path) -> str:
+    """The start of the name of :func:`write_atomic`'s temporary file for ``path``: ``.<name>.``.
+
+    Random characters and :data:`TEMPORARY_SUFFIX` follow; the leading dot hides the file from plain listings and
+    from globs such as ``*.ckpt``.
+    """
+    return f".{path.name}."
+
+
+def temporary_files(folder: Path, pattern: str = "*") -> list[Path]:
+    """The temporary files of :func:`write_atomic` calls for targets named ``pattern`` in ``folder``, sorted.
+
+    A process killed mid-write leaves its temporary file behind (nothing else removes it); while a write runs, its
+    file is listed too, so only a caller that knows no writer is at work may delete what this returns.
+    """
+    return sorted(folder.glob(f"{temporary_prefix(Path(pattern))}*{TEMPORARY_SUFFIX}"))
+
+
 def write_atomic(path: Path, write: Callable[[IO], None], mode: str = "wb", **open_kwargs) -> None:
     """Call ``write(file)`` on a temporary file next to ``path``, fsync it, then rename it over ``path``.
 
     The file gets the permissions a plain ``open`` would give it (0666 less the umask), not mkstemp's 0600.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path), suffix=TEMPORARY_SUFFIX)
     try:
         with os.fdopen(handle, mode, **open_kwargs) as stream:
             write(stream)

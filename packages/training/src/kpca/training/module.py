@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
+from kpca.training.checkpointing.origin import record_origin
 from kpca.training.checkpointing.resume import record_run_folder
 from kpca.training.rng_state import RNGStateCheckpointing
 
@@ -63,8 +64,9 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
     ``init_args``, so ``load_from_checkpoint`` rebuilds the model. Names in :attr:`unsaved_hparams` and
     ``compile`` are never saved: a checkpoint's hparams override the config of ``test --ckpt_path``, so
     evaluation and execution settings stay out (a model loaded from a checkpoint runs eager unless asked).
-    Checkpoints carry every rank's RNG states (:class:`RNGStateCheckpointing`) and the run folder that wrote them
-    (for ``--ckpt_path auto``, :mod:`kpca.training.checkpointing.resume`).
+    Checkpoints carry every rank's RNG states (:class:`RNGStateCheckpointing`), the run folder that wrote them
+    (for ``--ckpt_path auto``, :mod:`kpca.training.checkpointing.resume`) and the app that wrote them (another app's
+    command refuses them by name, :mod:`kpca.training.checkpointing.origin`).
 
     With ``compile``, :meth:`configure_model` compiles the network's :attr:`compiled_methods` in place, as
     Lightning advises for submodules: parameter names and checkpoints are those of the eager network, so
@@ -111,9 +113,10 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
         self._net_compiled = True
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Add the run folder to the RNG states (called on every rank: ``log_dir`` is agreed between ranks)."""
+        """Add the run folder and the app to the RNG states (on every rank: ``log_dir`` is agreed between ranks)."""
         super().on_save_checkpoint(checkpoint)
         record_run_folder(checkpoint, self.trainer.log_dir)
+        record_origin(checkpoint, type(self))
 
     def report_dir(self) -> str:
         """The folder for this run's reports: the logger's folder, or the trainer's root without a logger.

@@ -1,12 +1,14 @@
-"""ProjectTrainer: Lightning's Trainer plus ``analyze``, the kernel-PCA analysis of a checkpoint.
+"""ProjectTrainer: Lightning's Trainer plus ``analyze`` (the kernel-PCA analysis of a checkpoint) and ``check-data``.
 
 LightningCLI builds one subcommand per Trainer method it is told about, with the method's arguments
-as flags, so ``analyze`` lives here and every app's command gets ``<app> analyze -c ... --ckpt_path ...``.
+as flags, so ``analyze`` lives here and every app's command gets ``<app> analyze -c ... --ckpt_path ...``;
+likewise ``<app> check-data -c ...`` (:meth:`ProjectTrainer.check_data`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -15,12 +17,40 @@ import torch
 
 from kpca.training.analysis import analyze_network, network_inputs, write_analysis
 from kpca.training.checkpointing.weights import load_checkpoint_weights
+from kpca.training.data_check import DataCheckResult, format_problems, run_data_check
 
 logger = logging.getLogger(__name__)
 
+CHECK_DATA = "check-data"
+"""The subcommand that runs :meth:`ProjectTrainer.check_data`."""
+
 
 class ProjectTrainer(pl.Trainer):
-    """Lightning's Trainer with one more entry point, :meth:`analyze`."""
+    """Lightning's Trainer with two more entry points, :meth:`analyze` and :meth:`check_data`."""
+
+    @staticmethod
+    def check_data(
+        datamodule: pl.LightningDataModule, workers: int | None = None, progress: bool = True
+    ) -> DataCheckResult:
+        """Read every file of the configured data and print a table of the damaged ones (no model, no training).
+
+        Runs the datamodule's ``check_data`` (:meth:`kpca.training.data.ProjectDataModule.check_data`) and prints
+        its problems as a Markdown table (path, split, problem, fix) and a summary line (files checked, problems,
+        seconds, files/s) on stdout. A static method: ``check-data`` builds neither the trainer nor the model, so it
+        runs on a machine without the configured GPUs.
+
+        Args:
+            datamodule: the configured data.
+            workers: DataLoader worker processes reading the files; None: the datamodule's ``num_workers``.
+            progress: show a progress bar on stderr.
+
+        Returns:
+            The files checked, the problems and the time taken (the command exits with status 1 when there are
+            problems).
+        """
+        result = run_data_check(datamodule, workers, progress)
+        sys.stdout.write(f"{format_problems(result.problems)}\n\n{result.summary()}\n")
+        return result
 
     def analyze(
         self,
@@ -64,6 +94,11 @@ class ProjectTrainer(pl.Trainer):
         md_path, _, _ = write_analysis({type(net).__name__: results}, folder)
         logger.info("analyze: %d attention layers on %d %s inputs -> %s", len(results), len(inputs), split, md_path)
         return md_path
+
+
+# LightningCLI finds a subcommand's options and help in the Trainer attribute named like it, and "check-data" is not a
+# Python name: the attribute is an alias of check_data.
+setattr(ProjectTrainer, CHECK_DATA, ProjectTrainer.__dict__["check_data"])
 
 
 def first_inputs(datamodule: pl.LightningDataModule, split: str, samples: int) -> torch.Tensor:
