@@ -7,12 +7,18 @@ annotation after ``Resize`` in its test pipeline), plus ``names``. Labels follow
 ("other") becomes 255 (ignored) and class k becomes k - 1, so 150 classes 0..149. Nothing is normalised here; the
 model normalises inside, so corruptions act on real pixels.
 
+Every read error names its file (:mod:`kpca.segmentation.data_checks`): an image or annotation that does not decode,
+an annotation whose size differs from its image's, or label values outside the classes (reported as on disk) is a
+:class:`~kpca.training.data_check.DataError`, in training and evaluation. With ``bad_files=skip`` the training set
+skips damaged pairs (:class:`~kpca.training.bad_files.NamedFileErrors`); evaluation sets never do.
+
 Importing this module installs the ``mmcv.ops`` shim first (``kpca.segmentation``), and the dataset class that
 DataLoader workers unpickle lives here, so spawned workers import the shim before mmseg too.
 """
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +34,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
 from kpca.segmentation.corruption_sets import resolve_corruption_set
+from kpca.segmentation.data_checks import guard_pipeline, pair_problems, split_problems
+from kpca.training.bad_files import BadFilesMode, NamedFileErrors, check_bad_files_options
 from kpca.training.data import ProjectDataModule, evenly_spaced, require_built
+from kpca.training.data_check import DataError, DataProblem, check_in_workers
 from kpca.training.image_corruptions import check_corruptions, corrupt_seeded
 
 ADE20K_LAYOUT = (
@@ -101,7 +110,9 @@ class MMSegDataset(Dataset):
     """An mmseg ``ADE20KDataset`` whose items are ``(image, label, name)`` tensors instead of packed samples.
 
     ``image`` is the (3, H, W) uint8 RGB tensor after the pipeline, ``label`` the (H', W') int64 label map
-    (255 = ignored), ``name`` the image file stem.
+    (255 = ignored), ``name`` the image file stem. The pipeline's loaders name the file they fail on, and each
+    annotation is checked against its image's size and the classes
+    (:func:`~kpca.segmentation.data_checks.guard_pipeline`).
 
     Args:
         root: ADE20K root (``ADEChallengeData2016``).
@@ -115,7 +126,7 @@ class MMSegDataset(Dataset):
         self.dataset = ADE20KDataset(
             data_root=str(root),
             data_prefix={"img_path": f"images/{folder}", "seg_map_path": f"annotations/{folder}"},
-            pipeline=pipeline,
+            pipeline=guard_pipeline(pipeline, split, len(ADE20KDataset.METAINFO["classes"])),
             indices=indices,
             test_mode=split != "train",
         )
@@ -129,6 +140,15 @@ class MMSegDataset(Dataset):
         sample = packed["data_samples"]
         label = sample.gt_sem_seg.data[0].long()  # (H', W')
         return image, label, Path(sample.img_path).stem
+
+    def image_path(self, index: int) -> str:
+        """The absolute path of item ``index``'s image."""
+        return os.path.abspath(self.dataset.get_data_info(index)["img_path"])
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The ``(image, annotation)`` absolute paths of every item, in order."""
+        infos = (self.dataset.get_data_info(i) for i in range(len(self)))
+        return [(os.path.abspath(info["img_path"]), os.path.abspath(info["seg_map_path"])) for info in infos]
 
 
 class PadCollate:
@@ -205,6 +225,13 @@ class ADE20KDataModule(ProjectDataModule):
         corruptions: ``imagecorruptions`` names replacing the preset's (None: the preset's; ``[]``: clean only).
         severities: severities in 1-5 replacing the preset's (None: the preset's).
         corruption_seed: base seed of the corruptions.
+        bad_files: what a damaged training pair (an image or annotation that does not decode, sizes that differ,
+            label values outside the classes) does: ``error`` stops the fit with an error naming the file (the
+            default); ``skip`` trains on the next pair instead, logs each damaged pair once as a WARNING and counts
+            them (``data/bad_files`` in TensorBoard and the HParams summary). Evaluation sets never skip. The
+            ``check-data`` subcommand lists every problem before a run.
+        max_bad_fraction: with ``bad_files=skip``, the fit stops with an error once more than this fraction of the
+            training pairs is damaged (default 0.001).
     """
 
     def __init__(
@@ -228,6 +255,8 @@ class ADE20KDataModule(ProjectDataModule):
         corruptions: list[str] | None = None,
         severities: list[int] | None = None,
         corruption_seed: int = 0,
+        bad_files: BadFilesMode = "error",
+        max_bad_fraction: float = 0.001,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
@@ -243,6 +272,7 @@ class ADE20KDataModule(ProjectDataModule):
                 f"got root={root!r}, builtin={builtin!r}"
             )
         corruption_set = resolve_corruption_set(corruption_preset, corruptions, severities)
+        check_bad_files_options(bad_files, max_bad_fraction)
         self.root = Path(root) if root is not None else None
         self.builtin = builtin
         self.synthetic = synthetic
@@ -254,9 +284,11 @@ class ADE20KDataModule(ProjectDataModule):
         self.eval_subset = eval_subset
         self.corruption_set = corruption_set
         self.corruption_seed = corruption_seed
-        self.train_set: MMSegDataset | None = None
-        self.val_set: MMSegDataset | None = None
-        self.test_sets: list[MMSegDataset] | None = None
+        self.bad_files = bad_files
+        self.max_bad_fraction = max_bad_fraction
+        self.train_set: NamedFileErrors | None = None
+        self.val_set: NamedFileErrors | None = None
+        self.test_sets: list[NamedFileErrors] | None = None
 
     @property
     def data_root(self) -> Path:
@@ -309,11 +341,37 @@ class ADE20KDataModule(ProjectDataModule):
         self._check_layout()
         if stage in (None, "fit") and self.train_set is None:
             pipeline = train_pipeline(self.crop_size, self.scale, self.ratio_range, self.cat_max_ratio)
-            self.train_set = self._dataset("train", build_transforms(pipeline), self.train_subset)
+            train_set = self._dataset("train", build_transforms(pipeline), self.train_subset)
+            self.train_set = NamedFileErrors(
+                train_set, train_set.image_path, "train", self.bad_files, self.max_bad_fraction
+            )
         if stage in (None, "fit", "validate", "predict") and self.val_set is None:
-            self.val_set = self.eval_dataset(None, None)
+            self.val_set = _evaluation_set(self.eval_dataset(None, None))
         if stage in (None, "test") and self.test_sets is None:
-            self.test_sets = [self.eval_dataset(c, s) for _, c, s in self.eval_sets]
+            self.test_sets = [_evaluation_set(self.eval_dataset(c, s)) for _, c, s in self.eval_sets]
+
+    def check_data(self, progress: bool = True) -> tuple[int, list[DataProblem]]:
+        """Read every image and annotation of both splits in ``num_workers`` workers and check each pair.
+
+        Each pair: both files decode to their last pixel, the annotation is a single-channel label map of its
+        image's size with values 0, 1..150 or 255 on disk; each split exists and is not empty. The built-in set is
+        written first.
+
+        Returns:
+            The number of files read and the problems found, each naming its file (``check-data``).
+        """
+        if self.builtin == "synthetic":
+            write_synthetic_ade20k(self.cache_dir, self.synthetic)
+        problems, items = [], []
+        for split, folder in SPLIT_FOLDERS.items():
+            images, annotations = self.data_root / "images" / folder, self.data_root / "annotations" / folder
+            wrong = split_problems(images, annotations, split, ADE20K_LAYOUT)
+            problems += wrong
+            if not wrong:
+                pairs = MMSegDataset(self.data_root, split, []).pairs()
+                items += [(image, annotation, split, self.num_classes) for image, annotation in pairs]
+        problems += check_in_workers(items, pair_problems, self.num_workers, "image/annotation pairs", progress)
+        return 2 * len(items), problems
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches of the per-device size, padded to the crop size, last partial batch dropped."""
@@ -353,3 +411,13 @@ class ADE20KDataModule(ProjectDataModule):
                     )
                 if kind == "images" and not any(path.glob("*.jpg")):
                     raise FileNotFoundError(f"{path} holds no .jpg images; expected the ADE20K layout {ADE20K_LAYOUT}")
+        for split, folder in SPLIT_FOLDERS.items():
+            images, annotations = self.data_root / "images" / folder, self.data_root / "annotations" / folder
+            problems = split_problems(images, annotations, split, ADE20K_LAYOUT)
+            if problems:
+                raise DataError(problems)
+
+
+def _evaluation_set(dataset: MMSegDataset) -> NamedFileErrors:
+    """An evaluation set whose read errors name the file; it never skips (every metric is over the whole set)."""
+    return NamedFileErrors(dataset, dataset.image_path, "val", evaluation=True)
