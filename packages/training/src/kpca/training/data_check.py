@@ -42,9 +42,17 @@ class DataProblem:
 
 
 class DataError(ValueError):
-    """Data that cannot be used, with the problems that make it so (each names its file and the fix)."""
+    """Data that cannot be used, with the problems that make it so (each names its file and the fix).
 
-    def __init__(self, problems: Sequence[DataProblem] | DataProblem) -> None:
+    Also built from its message alone (``problems`` then empty): that is how PyTorch re-raises an exception from a
+    DataLoader worker in the main process, so a worker's DataError reaches the user as a DataError.
+    """
+
+    def __init__(self, problems: Sequence[DataProblem] | DataProblem | str) -> None:
+        if isinstance(problems, str):
+            self.problems: list[DataProblem] = []
+            super().__init__(problems)
+            return
         self.problems = [problems] if isinstance(problems, DataProblem) else list(problems)
         if not self.problems:
             raise ValueError("DataError needs at least one DataProblem.")
