@@ -4,11 +4,13 @@ All timings are single-threaded (torch, OpenCV) in one process, on real photogra
 images re-encoded as JPEG (quality 90) at ImageNet's typical 500x375 and 375x500, written to a temporary folder.
 
 1. Vision (DeiT recipe, :class:`~kpca.vision_cls.data.ImageNetDataModule`): per stage in ms per image on one core,
-   for today's reference path (``device_augment=False``: ToTensor and random erasing per image in the workers) and
-   the device path (``device_augment=True``: the workers stop at a uint8 tensor; the float conversion and random
-   erasing run batched on the device). The paths run interleaved, image by image, in one loop, so background load
-   hits both alike. The device tail is timed on the CPU on a batch of 64 as an upper bound (a GPU runs it in
-   microseconds); it is not part of the worker cost.
+   for the reference path (timm's PIL transform, ``worker_transform="timm"``, with ``device_augment=False``:
+   ToTensor and random erasing per image in the workers), the device path (``device_augment=True``: the workers
+   stop at a uint8 tensor; the float conversion and random erasing run batched on the device) and the default turbo
+   path (``worker_transform="turbo"`` with ``device_augment``: libjpeg-turbo decode, crop, resize and flip on uint8
+   tensors, :mod:`kpca.vision_cls.worker_transform`). The paths run interleaved, image by image, in one loop, so
+   background load hits all alike. The device tail is timed on the CPU on a batch of 64 as an upper bound (a GPU
+   runs it in microseconds); it is not part of the worker cost.
 2. Cores one GPU needs: the GPU's training rate divided by the images/s one core delivers. Rates are RTX 3090 AMP
    training rates from timm's table (``results/benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv`` in
    huggingface/pytorch-image-models: deit_tiny 2290.53, deit_small 1053.64, deit_base 390.88 images/s); the H200
@@ -19,10 +21,18 @@ images re-encoded as JPEG (quality 90) at ImageNet's typical 500x375 and 375x500
    built-in corpus (``data_dir: builtin``, the demo's 2000-piece tokenizer; tokenised once into the cache), in
    tokens/s per core.
 
+5. With ``--dali cpu`` or ``--dali gpu``, the DALI path (``data.backend: dali``,
+   :class:`~kpca.vision_cls.dali_pipeline.DaliTrainLoader`, the DeiT recipe at 224 px) beside the vision paths,
+   instead of sections 3-4: its CPU time per image, summed over all threads of the process (``time.process_time``),
+   and its wall images/s. ``cpu`` runs DALI's CPU operators in one thread (ms·core per image, comparable with the
+   table); ``gpu`` decodes with nvJPEG (``mixed``) and augments on CUDA device 0 with 4 CPU threads, so its CPU time
+   is what the GPU path still asks of the host.
+
 Run from the repository root (about a minute on 2 busy cores)::
 
     python benchmarks/input_pipeline.py                # Markdown on stdout
     python benchmarks/input_pipeline.py --images 600 --output bench.md
+    python benchmarks/input_pipeline.py --dali gpu --output dali_gpu.md
 """
 
 from __future__ import annotations
@@ -65,17 +75,46 @@ def decode(path: Path) -> Image.Image:
         return Image.open(f).convert("RGB")
 
 
+def turbo_decode(path: Path) -> torch.Tensor:
+    """The turbo path's loader and first stage: read the file's bytes, decode with libjpeg-turbo (or PIL)."""
+    from kpca.vision_cls.worker_transform import DecodeRGB, read_image_bytes
+
+    return DecodeRGB()(read_image_bytes(str(path)))
+
+
+def stage_name(stage: Callable) -> str:
+    """The column of a transform stage in the table."""
+    names = {
+        "RandomResizedCropAndInterpolation": "crop",
+        "TensorRandomResizedCrop": "crop",
+        "RandomHorizontalFlip": "flip",
+        "TensorHorizontalFlip": "flip",
+        "hwc_to_pil": "to PIL",
+        "pil_to_chw": "PILToTensor",
+        "RandAugment": "randaug",
+        "PixelSpaceRandomErasing": "erasing",
+    }
+    name = getattr(stage, "__name__", type(stage).__name__)
+    return names.get(name, name)
+
+
 def vision_paths(root: Path) -> dict[str, list[Stage]]:
     """The stages of each vision path: decode, then the training transform's stages one by one."""
     from kpca.vision_cls.data import ImageNetDataModule
 
-    names = {"RandomResizedCropAndInterpolation": "crop", "RandomHorizontalFlip": "flip", "RandAugment": "randaug"}
     paths = {}
-    for label, device_augment in (("reference (float + erasing per image)", False), ("device_augment", True)):
-        transform = ImageNetDataModule(root=str(root), device_augment=device_augment).train_transform()
-        stages = [("decode", decode)]
-        stages += [(names.get(type(t).__name__, type(t).__name__), t) for t in transform.transforms]
-        paths[label] = stages
+    for label, device_augment, worker_transform in (
+        ("reference (timm PIL, float + erasing per image)", False, "timm"),
+        ("`device_augment` (timm PIL, uint8 workers)", True, "timm"),
+        ("turbo + `device_augment` (the default)", True, "turbo"),
+    ):
+        options = {"device_augment": device_augment, "worker_transform": worker_transform}
+        transform = ImageNetDataModule(root=str(root), **options).train_transform()
+        stages = transform.transforms
+        if worker_transform == "turbo":
+            stages = stages[1:]  # its DecodeRGB stage runs inside turbo_decode, timed as "decode"
+        paths[label] = [("decode", decode if worker_transform == "timm" else turbo_decode)]
+        paths[label] += [(stage_name(stage), stage) for stage in stages]
     return paths
 
 
@@ -87,15 +126,27 @@ def time_stages(stages: list[Stage], item: object, totals: dict[str, float]) -> 
         totals[name] = totals.get(name, 0.0) + time.perf_counter() - start
 
 
+def seed_generators(seed: int) -> None:
+    """Seed every generator the training transforms draw from (Python, numpy, torch)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def bench_vision(photos: list[Path], root: Path, images: int) -> dict[str, dict[str, float]]:
-    """Mean ms per image of every stage of every vision path, the paths interleaved image by image."""
+    """Mean ms per image of every stage of every vision path, the paths interleaved image by image.
+
+    The generators are seeded with the image's index before each path runs it, so every path draws the same crop
+    box, flip and RandAugment ops for it: the paths differ only in how they compute the pixels.
+    """
     paths = vision_paths(root)
     totals: dict[str, dict[str, float]] = {label: {} for label in paths}
-    for warmup in photos:
+    for warmup in photos * 10:  # also compiles the turbo path's RandAugment kernel (numba) before timing
         for stages in paths.values():
             time_stages(stages, warmup, {})
     for i in range(images):
         for label, stages in paths.items():
+            seed_generators(i)
             time_stages(stages, photos[i % len(photos)], totals[label])
     return {label: {k: 1e3 * v / images for k, v in stage.items()} for label, stage in totals.items()}
 
@@ -207,6 +258,56 @@ def cores_table(per_core: dict[str, float]) -> list[str]:
     return lines
 
 
+DALI_SETTINGS = {"cpu": (1, 32, 10), "gpu": (4, 256, 40)}  # threads, batch, timed batches
+
+
+def bench_dali(photos: list[Path], device: str) -> dict[str, float]:
+    """CPU ms per image (all threads of the process) and wall images/s of the DALI loader, DeiT recipe at 224.
+
+    One epoch warms up (pipeline build, nvJPEG start); in the next, the clocks start after its first batch (the
+    epoch's pipeline build) and stop when the last batch is on the device.
+    """
+    from timm.data import IMAGENET_DEFAULT_MEAN
+    from torch.utils.data import DistributedSampler
+
+    from kpca.vision_cls.dali_pipeline import DaliTrainLoader, DaliTrainRecipe
+
+    threads, batch, batches = DALI_SETTINGS[device]
+    samples = [(str(photos[i % len(photos)]), 0) for i in range(batch * (batches + 1))]
+    sampler = DistributedSampler(samples, num_replicas=1, rank=0, shuffle=True, seed=0)
+    recipe = DaliTrainRecipe.from_timm(224, (0.08, 1.0), 0.5, "rand-m9-mstd0.5-inc1", "bicubic", IMAGENET_DEFAULT_MEAN)
+    target = torch.device("cuda", 0) if device == "gpu" else torch.device("cpu")
+    loader = DaliTrainLoader(samples, sampler, recipe, batch, target, num_threads=threads, seed=0)
+    for _ in loader:  # warm-up epoch
+        pass
+    sampler.set_epoch(1)
+    epoch = iter(loader)
+    next(epoch)
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
+    for _ in epoch:
+        pass
+    if device == "gpu":
+        torch.cuda.synchronize()
+    cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start
+    return {"threads": threads, "batch": batch, "images": batch * batches, "cpu_ms": 1e3 * cpu / (batch * batches),
+            "images_per_s": batch * batches / wall}  # fmt: skip
+
+
+def dali_table(dali: dict[str, float], device: str, reference_ms: float) -> list[str]:
+    """Markdown: the DALI path's CPU time per image and wall rate, and its CPU time against the reference's."""
+    operators = "nvJPEG (`mixed`) + CUDA" if device == "gpu" else "CPU"
+    name = torch.cuda.get_device_name(0) if device == "gpu" else "this CPU"
+    return [
+        "| path | operators | threads | batch | images | CPU ms per image (all threads) | wall images/s "
+        "| CPU per image / reference's |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| DALI (`data.backend: dali`) | {operators} | {dali['threads']} | {dali['batch']} | {dali['images']} | "
+        f"{dali['cpu_ms']:.2f} | {dali['images_per_s']:.0f} | {dali['cpu_ms'] / reference_ms:.2f}x |",
+        "",
+        f"Measured on {name}; the reference is the first row of the table above ({reference_ms:.2f} ms·core).",
+    ]
+
+
 def main() -> None:
     """Run every benchmark and print one Markdown report."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -214,7 +315,12 @@ def main() -> None:
     parser.add_argument("--seg-images", type=int, default=40, help="segmentation images")
     parser.add_argument("--token-batches", type=int, default=200, help="language-model batches")
     parser.add_argument("--output", type=Path, default=None, help="also write the Markdown here")
+    parser.add_argument(
+        "--dali", choices=("cpu", "gpu"), default=None, help="time the DALI path too (vision sections only)"
+    )
     args = parser.parse_args()
+    if args.dali == "gpu" and not torch.cuda.is_available():
+        parser.error("--dali gpu needs a CUDA device; --dali cpu times DALI's CPU operators.")
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     random.seed(0)
@@ -226,6 +332,17 @@ def main() -> None:
         root = write_imagenet_tree(folder / "imagenet", photos)
         vision = bench_vision(photos, root, args.images)
         device_tail_ms = bench_device_tail(root)
+        if args.dali:
+            dali = bench_dali(photos, args.dali)
+            lines = ["## Vision: DeiT training transform, ms·core per image per stage", ""]
+            lines += vision_table(vision, device_tail_ms)
+            lines += ["", f"## Vision: the DALI path, {args.dali}", ""]
+            lines += dali_table(dali, args.dali, sum(next(iter(vision.values())).values()))
+            report = "\n".join(lines) + "\n"
+            print(report)
+            if args.output:
+                args.output.write_text(report)
+            return
         seg_ms = bench_segmentation(photos, folder / "ade20k", args.seg_images)
     tokens_per_s = bench_tokens(args.token_batches)
     per_core = {label: 1e3 / sum(stage.values()) for label, stage in vision.items()}

@@ -195,7 +195,7 @@ def test_train_transform_is_deit(imagenet: Path):
     assert "RandomResizedCropAndInterpolation" in text and "RandAugment" in text and "bicubic" in text
     assert "ColorJitter" not in text and "Normalize" not in text and "PixelSpaceRandomErasing" in text
     data = ImageNetDataModule(root=str(imagenet))  # device_augment: erasing moves to the device tail
-    assert "PILToTensor" in repr(data.train_transform()) and "Erasing" not in repr(data.train_transform())
+    assert "pil_to_chw" in repr(data.train_transform()) and "Erasing" not in repr(data.train_transform())
     assert "BatchRandomErasing(p=0.25, mode=pixel)" in repr(data.device_train_augment())
     text = repr(ImageNetDataModule(root=str(imagenet), auto_augment=None, re_prob=0.0).train_transform())
     assert "ColorJitter" in text and "RandomErasing" not in text

@@ -39,18 +39,28 @@ from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.data.transforms import str_to_interp_mode
 from timm.data.transforms_factory import transforms_imagenet_train
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import find_classes
+from torchvision.datasets.folder import default_loader, find_classes
 
+from kpca.training.bad_files import BadFilesMode, check_bad_files_options
 from kpca.training.data import ProjectDataModule, evenly_spaced, require_built
+from kpca.training.data_check import DataProblem
 from kpca.training.image_corruptions import check_corruptions
 from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset
-from kpca.vision_cls.device_augment import BatchRandomErasing, DeviceTrainAugment
+from kpca.vision_cls.dali_pipeline import DaliTrainLoader, DaliTrainRecipe, check_dali_options, image_folder_samples
+from kpca.vision_cls.data_checks import (
+    check_image_folders,
+    evaluation_set,
+    require_nonempty_class_folders,
+    training_set,
+)
+from kpca.vision_cls.device_augment import BatchRandomErasing, DeviceTrainAugment, uint8_to_unit
 from kpca.vision_cls.robustness import SubsetName, check_class_folders, subset_synsets
+from kpca.vision_cls.worker_transform import read_image_bytes, turbo_stages
 
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
 Interpolation = Literal["bicubic", "bilinear", "nearest"]
@@ -189,6 +199,11 @@ class ImageNetDataModule(ProjectDataModule):
             distributions); False keeps them per image in the workers (:class:`PixelSpaceRandomErasing`). Either way
             the training step sees float32 pixel-space images. With ``re_prob=0`` (the digits demo) both give
             identical batches.
+        worker_transform: How the workers compute the training transform. ``"turbo"``: libjpeg-turbo decode
+            (``simplejpeg``; PIL for non-JPEG, CMYK or damaged files), crop, resize and flip on uint8 tensors with
+            torch, and timm's RandAugment with its slow ops compiled (:mod:`kpca.vision_cls.worker_transform`): the
+            same random draws, pixels within interpolation noise of timm's, about twice the images/s per core.
+            ``"timm"``: timm's PIL transform exactly, for bit-exact reproduction.
         interpolation: Resampling filter of the training crop, of RandAugment and of the evaluation resize.
         repeated_aug: Copies of each training sample per epoch spread over the ranks (DeiT: 3); 1 disables.
         pin_memory: Pin loaded batches in page-locked memory (only when the trainer's accelerator is not the CPU).
@@ -209,6 +224,18 @@ class ImageNetDataModule(ProjectDataModule):
         severities: Severities (1-5) for ``corruptions`` and for ImageNet-C.
         eval_subset: Use only this many images of every evaluation set (validation, test and predict loaders),
             spread evenly over the set so all classes appear; None uses all. For quick runs.
+        bad_files: What a damaged training image does: ``error`` stops the fit with an error naming the file (the
+            default); ``skip`` trains on the next image instead, logs each damaged file once as a WARNING and counts
+            them (``data/bad_files`` in TensorBoard and the HParams summary). Evaluation sets never skip. The
+            ``check-data`` subcommand lists every damaged file before a run.
+        max_bad_fraction: With ``bad_files=skip``, the fit stops with an error once more than this fraction of the
+            training set is damaged (default 0.001: 1,281 ImageNet images).
+        backend: The training input path. ``"pil"``: DataLoader workers (``worker_transform``). ``"dali"``: NVIDIA
+            DALI (:mod:`kpca.vision_cls.dali_pipeline`, extra ``pip install 'kpca-vision-cls[dali]'``) reads,
+            decodes (nvJPEG on a GPU trainer, CPU operators otherwise), crops, resizes, flips and RandAugments, in
+            ``num_workers`` threads; the same sampler orders the images, and the device tail finishes as with
+            ``device_augment``. Needs ``root`` (not ``builtin``), a ``rand-...`` or no ``auto_augment`` and
+            ``device_augment=True``. Evaluation loaders use the PIL path either way.
     """
 
     def __init__(
@@ -227,6 +254,7 @@ class ImageNetDataModule(ProjectDataModule):
         re_prob: float = 0.25,
         re_mode: Literal["pixel", "rand", "const"] = "pixel",
         device_augment: bool = True,
+        worker_transform: Literal["turbo", "timm"] = "turbo",
         interpolation: Interpolation = "bicubic",
         repeated_aug: int = 3,
         pin_memory: bool = True,
@@ -237,6 +265,9 @@ class ImageNetDataModule(ProjectDataModule):
         corruptions: tuple[str, ...] = (),
         severities: tuple[int, ...] = (1, 2, 3, 4, 5),
         eval_subset: int | None = None,
+        bad_files: BadFilesMode = "error",
+        max_bad_fraction: float = 0.001,
+        backend: Literal["pil", "dali"] = "pil",
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, cache_dir=cache_dir, pin_memory=pin_memory)
         if (root is None) == (builtin is None):
@@ -257,6 +288,17 @@ class ImageNetDataModule(ProjectDataModule):
         if eval_subset is not None and eval_subset < 1:
             raise ValueError(f"eval_subset={eval_subset} must be positive, or None to evaluate on all images.")
         check_corruptions(corruptions, severities)
+        check_bad_files_options(bad_files, max_bad_fraction)
+        if backend not in ("pil", "dali"):
+            raise ValueError(f"backend={backend!r} must be 'pil' (DataLoader workers) or 'dali' (NVIDIA DALI).")
+        if backend == "dali":
+            check_dali_options(builtin, auto_augment, color_jitter, device_augment)
+            if bad_files == "skip":
+                raise ValueError(
+                    "data.bad_files='skip' needs data.backend='pil': DALI decodes inside its own pipeline, where a "
+                    "damaged file cannot be replaced; run `vision-cls check-data` first and keep bad_files='error'."
+                )
+        self.backend = backend
         if (corruptions or imagenet_c_root) and not severities:
             raise ValueError("severities is empty; list at least one of 1-5 for the corruptions and ImageNet-C.")
         if corruptions and image_size < 32:
@@ -272,6 +314,12 @@ class ImageNetDataModule(ProjectDataModule):
         self.re_prob = re_prob
         self.re_mode = re_mode
         self.device_augment = device_augment
+        if worker_transform not in ("turbo", "timm"):
+            raise ValueError(
+                f"worker_transform={worker_transform!r} must be 'turbo' (libjpeg-turbo decode, torch resize) or 'timm' "
+                "(timm's PIL transform)."
+            )
+        self.worker_transform = worker_transform
         self.interpolation = interpolation
         self.repeated_aug = repeated_aug
         self.imagenet_c_root = Path(imagenet_c_root) if imagenet_c_root is not None else None
@@ -281,6 +329,8 @@ class ImageNetDataModule(ProjectDataModule):
         self.corruptions = tuple(corruptions)
         self.severities = tuple(severities)
         self.eval_subset = eval_subset
+        self.bad_files = bad_files
+        self.max_bad_fraction = max_bad_fraction
         self.train_set: Dataset | None = None
         self._device_augment: DeviceTrainAugment | None = None
         self.val_set: Dataset | None = None
@@ -367,20 +417,50 @@ class ImageNetDataModule(ProjectDataModule):
         super().setup(stage)
         self._check_layout()
         if stage in (None, "fit") and self.train_set is None:
-            self.train_set = ImageFolder(str(self.data_root / "train"), transform=self.train_transform())
+            loader = read_image_bytes if self.worker_transform == "turbo" else default_loader
+            train_set = ImageFolder(str(self.data_root / "train"), transform=self.train_transform(), loader=loader)
+            self.train_set = training_set(train_set, self.bad_files, self.max_bad_fraction)
         if stage in (None, "fit", "validate", "predict") and self.val_set is None:
-            self.val_set = _evenly_spaced(self._val_folder(self._eval_transform()), self.eval_subset)
+            val_set = _evenly_spaced(self._val_folder(self._eval_transform()), self.eval_subset)
+            self.val_set = evaluation_set(val_set, "val")
         if stage in (None, "test") and self.test_sets is None:
-            self.test_sets = [_evenly_spaced(self._build_eval_set(s), self.eval_subset) for s in self.eval_sets]
+            self.test_sets = [
+                evaluation_set(_evenly_spaced(self._build_eval_set(s), self.eval_subset), s.name)
+                for s in self.eval_sets
+            ]
+
+    def check_data(self, progress: bool = True) -> tuple[int, list[DataProblem]]:
+        """Decode every image of train, val and the configured robustness sets in ``num_workers`` workers.
+
+        Also checks the layout: class folders present and non-empty, train and val with the same classes, every
+        ImageNet-C corruption folder holding each of ``severities``. The built-in digits are written first.
+
+        Returns:
+            The number of image files decoded and the problems found, each naming its file (``check-data``).
+        """
+        if self.builtin == "digits":
+            write_digits_imagefolder(self.data_root, image_size=self.image_size)
+        return check_image_folders(
+            self.data_root,
+            IMAGENET_LAYOUT,
+            self._subset_roots(),
+            self.imagenet_c_root,
+            IMAGENET_C_LAYOUT,
+            self.severities,
+            self.num_workers,
+            progress,
+        )
 
     def train_transform(self) -> Callable:
         """DeiT training transform of the workers: a uint8 (3, H, W) tensor with ``device_augment``, else float.
 
         timm's ``transforms_imagenet_train`` builds the PIL stages (random resized crop, horizontal flip, RandAugment or
         color jitter). Its tensor stage is replaced: timm would normalise there (``normalize=False`` gives uint8 and
-        drops random erasing). With ``device_augment`` the workers stop at ``PILToTensor`` (uint8) and
-        :meth:`device_train_augment` finishes on the device; otherwise ``ToTensor`` and
-        :class:`PixelSpaceRandomErasing` follow here, per image.
+        drops random erasing). With ``worker_transform="turbo"`` the crop and flip become their tensor equivalents
+        (:func:`kpca.vision_cls.worker_transform.turbo_stages`, which decode the file bytes the training ImageFolder
+        reads; PIL images are accepted too); ``"timm"`` keeps timm's PIL stages on PIL-decoded images. Both end in a
+        uint8 tensor. With ``device_augment`` the workers stop there and :meth:`device_train_augment` finishes on the
+        device; otherwise the float conversion and :class:`PixelSpaceRandomErasing` follow here, per image.
         """
         primary, secondary, _ = transforms_imagenet_train(
             img_size=self.image_size,
@@ -394,10 +474,13 @@ class ImageNetDataModule(ProjectDataModule):
             separate=True,
         )
         stages = [*primary.transforms, *secondary.transforms]
-        if self.device_augment:
-            return transforms.Compose([*stages, transforms.PILToTensor()])
-        stages.append(transforms.ToTensor())
-        if self.re_prob > 0:
+        if self.worker_transform == "turbo":
+            stages = turbo_stages(stages)  # ends in a uint8 (3, H, W) tensor
+            if not self.device_augment:
+                stages.append(uint8_to_unit)  # bit-identical to ToTensor
+        else:
+            stages.append(transforms.PILToTensor() if self.device_augment else transforms.ToTensor())
+        if not self.device_augment and self.re_prob > 0:
             stages.append(PixelSpaceRandomErasing(self.re_prob, self.mean, self.std, mode=self.re_mode))
         return transforms.Compose(stages)
 
@@ -429,15 +512,19 @@ class ImageNetDataModule(ProjectDataModule):
             ]
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | DaliTrainLoader:
         """Shuffled training batches of the per-device size, last partial batch dropped.
 
         With ``repeated_aug > 1`` the sampler is a :class:`RepeatAugSampler` built for this rank and seeded with
         ``PL_GLOBAL_SEED`` (set by ``seed_everything``; the seed Lightning gives its own samplers). Being a
         ``DistributedSampler``, Lightning uses it as is (no wrapping) and calls its ``set_epoch`` every epoch.
-        Otherwise the loader shuffles, and under DDP Lightning swaps in its ``DistributedSampler``.
+        Otherwise the loader shuffles, and under DDP Lightning swaps in its ``DistributedSampler``. With
+        ``backend="dali"`` a :class:`DaliTrainLoader` reads in the order of the same samplers
+        (:meth:`_dali_train_loader`).
         """
         train_set = require_built(self.train_set, "fit")
+        if self.backend == "dali":
+            return self._dali_train_loader()
         if self.repeated_aug == 1:
             return self.train_loader(train_set)
         trainer = self.trainer
@@ -449,6 +536,28 @@ class ImageNetDataModule(ProjectDataModule):
             seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
         )
         return self.train_loader(train_set, sampler=sampler)
+
+    def _dali_train_loader(self) -> DaliTrainLoader:
+        """This rank's DALI loader over ``root/train``, on the trainer's device.
+
+        Its sampler is the one the PIL path gets under DDP: Lightning's ``DistributedSampler`` (shuffled, seeded with
+        ``PL_GLOBAL_SEED``), or the :class:`RepeatAugSampler` with ``repeated_aug > 1``; Lightning calls its
+        ``set_epoch`` as for a DataLoader's sampler.
+        """
+        trainer = self.trainer
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        samples = image_folder_samples(self.data_root / "train", self.classes)
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        if self.repeated_aug > 1:
+            sampler = RepeatAugSampler(samples, world_size, rank, num_repeats=self.repeated_aug, seed=seed)
+        else:
+            sampler = DistributedSampler(samples, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        recipe = DaliTrainRecipe.from_timm(
+            self.image_size, self.scale, self.hflip, self.auto_augment, self.interpolation, self.mean
+        )
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        threads = max(1, self.num_workers)
+        return DaliTrainLoader(samples, sampler, recipe, self.batch_size_per_device, device, threads, seed)
 
     def val_dataloader(self) -> DataLoader:
         """The clean validation set."""
@@ -486,6 +595,8 @@ class ImageNetDataModule(ProjectDataModule):
                 f"{self.data_root}: train and val class folders differ (only in train: {only_train[:5]}, only in val: "
                 f"{only_val[:5]}); labels come from the folder names, so both splits need the same classes."
             )
+        for split in ("train", "val"):
+            require_nonempty_class_folders(self.data_root / split, split)
         for kind, root in self._subset_roots().items():
             if root is not None:
                 check_class_folders(root, kind)

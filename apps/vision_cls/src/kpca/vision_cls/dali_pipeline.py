@@ -1,0 +1,239 @@
+"""The DALI training input path (``data.backend: dali``): options, recipe and the loader Lightning iterates.
+
+The pipeline (:mod:`kpca.vision_cls._dali_graph`) mirrors the PIL path's DeiT recipe (timm's
+``transforms_imagenet_train``) up to the uint8 crop: ``fn.readers.file`` -> ``fn.decoders.image_random_crop`` (the
+random-resized-crop window, decoded as a region of interest) -> ``fn.resize`` to ``image_size`` -> horizontal flip
+-> timm's RandAugment (:mod:`kpca.vision_cls.dali_rand_augment`) -> (C, S, S) uint8. The device tail (float
+conversion, random erasing) and Mixup/CutMix then run unchanged after transfer. On a GPU the decoder is ``mixed``
+(nvJPEG) and every later stage runs on the GPU; on a CPU trainer the same graph runs on CPU operators.
+
+Which images a rank reads, and in which order, is decided by the PIL path's own sampler (a ``DistributedSampler``
+seeded with ``PL_GLOBAL_SEED``, as Lightning injects, or DeiT's :class:`~kpca.vision_cls.augment.RepeatAugSampler`):
+each epoch builds a pipeline whose reader walks that epoch's index list in order. So both backends read the same
+files per rank and step, and an epoch ends where the PIL path's ``drop_last=True`` loader ends.
+
+``nvidia.dali`` is imported lazily, inside the functions that need it: the default install never imports it.
+
+Legend: B batch, C channels (3), S output side (``image_size``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import DistributedSampler
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+from kpca.vision_cls.dali_rand_augment import RandAugmentConfig, parse_rand_augment
+
+DALI_INSTALL = "pip install 'kpca-vision-cls[dali]'"
+
+
+def require_dali() -> None:
+    """Import ``nvidia.dali``; ImportError with the install command if it is missing or broken."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            f"data.backend='dali' needs NVIDIA DALI, which is not importable ({error}). Install the extra: "
+            f"{DALI_INSTALL} (or set data.backend=pil)."
+        ) from error
+
+
+def check_dali_options(
+    builtin: str | None, auto_augment: str | None, color_jitter: float, device_augment: bool
+) -> None:
+    """Refuse the data options the DALI path cannot honour, then check that DALI imports (:func:`require_dali`).
+
+    Each refusal is a ValueError naming the option and the fix.
+
+    Args:
+        builtin: ``data.builtin``; the DALI path reads an ImageFolder ``root`` only.
+        auto_augment: ``data.auto_augment``; a timm ``rand-...`` string or None.
+        color_jitter: ``data.color_jitter``; as in timm it only acts without ``auto_augment``, and DALI has no
+            mirror of timm's ColorJitter.
+        device_augment: ``data.device_augment``; DALI always hands uint8 images to the device tail.
+    """
+    if builtin is not None:
+        raise ValueError(
+            f"data.backend='dali' reads an ImageFolder root (root/train/<class>/*.JPEG), not builtin={builtin!r}; "
+            "set data.root, or keep data.backend=pil for the built-in digits."
+        )
+    if auto_augment:
+        parse_rand_augment(auto_augment)
+    elif color_jitter:
+        raise ValueError(
+            f"data.color_jitter={color_jitter} with auto_augment=None: the DALI path has no mirror of timm's "
+            "ColorJitter; set data.color_jitter=0 or use data.backend=pil."
+        )
+    if not device_augment:
+        raise ValueError(
+            "data.device_augment=false keeps float conversion and random erasing in the DataLoader workers, which "
+            "the DALI path does not have (it always finishes on the device); set data.device_augment=true or use "
+            "data.backend=pil."
+        )
+    require_dali()
+
+
+@dataclass(frozen=True)
+class DaliTrainRecipe:
+    """The training transform the DALI pipeline applies, in the PIL path's terms.
+
+    Attributes:
+        image_size: Side S of the square crop, in pixels.
+        scale: Area range of the random crop, as fractions of the image (DeiT: 0.08-1).
+        hflip: Probability of a horizontal flip.
+        rand_augment: timm's RandAugment settings, or None for no RandAugment.
+        interpolation: ``"bicubic"``, ``"bilinear"`` or ``"nearest"``: the resize filter (RandAugment's rotate,
+            shear and translate are bilinear in DALI, nearest for ``"nearest"``).
+        fill: Gray level of the pixels that rotate, shear and translate uncover.
+    """
+
+    image_size: int
+    scale: tuple[float, float]
+    hflip: float
+    rand_augment: RandAugmentConfig | None
+    interpolation: str = "bicubic"
+    fill: int = 128
+
+    @classmethod
+    def from_timm(
+        cls,
+        image_size: int,
+        scale: Sequence[float],
+        hflip: float,
+        auto_augment: str | None,
+        interpolation: str,
+        mean: Sequence[float],
+    ) -> DaliTrainRecipe:
+        """The recipe of ``transforms_imagenet_train`` with these settings (the datamodule's options).
+
+        timm fills uncovered pixels with the dataset mean in uint8 (ImageNet: (124, 116, 104)); DALI's warps take
+        one gray level, so the fill is that mean's channel average (ImageNet: 115).
+        """
+        channel_fill = [min(255, round(255 * m)) for m in mean]
+        return cls(
+            image_size=image_size,
+            scale=(float(scale[0]), float(scale[1])),
+            hflip=hflip,
+            rand_augment=parse_rand_augment(auto_augment) if auto_augment else None,
+            interpolation=interpolation,
+            fill=round(sum(channel_fill) / len(channel_fill)),
+        )
+
+
+def image_folder_samples(folder: str | Path, classes: Sequence[str]) -> list[tuple[str, int]]:
+    """``(path, label)`` of every image under ``folder/<class>/``, exactly as torchvision's ImageFolder lists them.
+
+    Labels are positions in ``classes`` (ImageFolder's ``class_to_idx`` for sorted folder names); files are walked
+    in ImageFolder's order with its image extensions, so index i is ImageFolder's item i.
+    """
+    class_to_idx = {name: i for i, name in enumerate(classes)}
+    return make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS)
+
+
+def epoch_seed(seed: int, rank: int, epoch: int) -> int:
+    """The DALI pipeline seed of one rank and epoch: a hash of ``(seed, rank, epoch)`` in [0, 2**31)."""
+    return int(np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+class DaliTrainLoader:
+    """Training batches ``(images (B, C, S, S) uint8, labels (B,) int64)`` from DALI, one pipeline per epoch.
+
+    Each epoch reads ``sampler``'s indices for that epoch (this rank's share, shuffled with the sampler's seed and
+    epoch) cut to whole batches, as a ``drop_last=True`` DataLoader over the same sampler would: ``len(sampler) //
+    batch_size`` batches, the last ``len(sampler) % batch_size`` indices dropped. Under DDP every rank has the same
+    number of batches.
+
+    Lightning treats it as a plain iterable (it is not a ``DataLoader``, so ``use_distributed_sampler`` never wraps
+    it), calls ``sampler.set_epoch(epoch)`` at the start of each epoch (its ``_set_sampler_epoch`` looks for a
+    ``sampler`` attribute) and then ``iter()``; the pipeline is built at the first batch, after ``set_epoch``. An
+    epoch left early (``limit_train_batches``) is dropped with its pipeline; the next ``iter()`` starts the next
+    epoch's list.
+
+    Args:
+        samples: ``(path, label)`` of every training image (:func:`image_folder_samples`).
+        sampler: This rank's sampler over ``samples`` (a ``DistributedSampler`` or a subclass).
+        recipe: The transform (:class:`DaliTrainRecipe`).
+        batch_size: Images per batch on this rank.
+        device: The trainer's device: CUDA runs nvJPEG and GPU operators on it, anything else CPU operators.
+        num_threads: CPU threads of the pipeline.
+        seed: Base seed; each epoch's pipeline is seeded with :func:`epoch_seed` of it, the rank and the epoch.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[tuple[str, int]],
+        sampler: DistributedSampler,
+        recipe: DaliTrainRecipe,
+        batch_size: int,
+        device: torch.device,
+        num_threads: int = 1,
+        seed: int = 0,
+    ) -> None:
+        if len(sampler) < batch_size:
+            raise ValueError(
+                f"The DALI training loader has {len(sampler)} images on this rank for a per-device batch of "
+                f"{batch_size}, so not one full batch; lower data.batch_size or add training images."
+            )
+        self.samples = samples
+        self.sampler = sampler
+        self.recipe = recipe
+        self.batch_size = batch_size
+        self.device = device
+        self.num_threads = num_threads
+        self.seed = seed
+        rank_zero_info(
+            f"Training input: DALI on {'nvJPEG + GPU' if device.type == 'cuda' else 'CPU'} operators, {num_threads} "
+            f"thread(s) per rank, {len(self)} batches of {batch_size} per epoch and rank."
+        )
+        self._epoch: Generator[tuple[Tensor, Tensor], None, None] | None = None
+
+    def __len__(self) -> int:
+        """Full batches per epoch on this rank."""
+        return len(self.sampler) // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """The current epoch's batches (the epoch last given to ``sampler.set_epoch``); closes an unfinished one."""
+        if self._epoch is not None:
+            self._epoch.close()
+        self._epoch = self._batches()
+        return self._epoch
+
+    def epoch_samples(self) -> list[tuple[str, int]]:
+        """``(path, label)`` this rank reads in the current epoch, in order, cut to whole batches."""
+        indices = list(self.sampler)[: len(self) * self.batch_size]
+        return [self.samples[i] for i in indices]
+
+    def device_id(self) -> int | None:
+        """CUDA device index of the pipeline, or None for CPU operators."""
+        if self.device.type != "cuda":
+            return None
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+
+    def _batches(self) -> Generator[tuple[Tensor, Tensor], None, None]:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        from kpca.vision_cls._dali_graph import READER_NAME, build_train_pipeline
+
+        files, labels = zip(*self.epoch_samples(), strict=True)
+        pipeline = build_train_pipeline(
+            files,
+            labels,
+            self.recipe,
+            self.batch_size,
+            self.device_id(),
+            self.num_threads,
+            epoch_seed(self.seed, self.sampler.rank, self.sampler.epoch),
+        )
+        iterator = DALIGenericIterator(
+            [pipeline], ["images", "labels"], reader_name=READER_NAME, last_batch_policy=LastBatchPolicy.DROP
+        )
+        for (batch,) in iterator:
+            yield batch["images"], batch["labels"].view(-1).long()  # (B, C, S, S) uint8, (B,) int64
