@@ -14,6 +14,7 @@ from kpca.attention.kernel_pca import (
     feature_gram,
     gram_spectrum,
     kernel_pca_diagnostics,
+    log_normaliser,
     projection_loss,
     value_alignment,
 )
@@ -70,9 +71,116 @@ def test_values_in_kernel_pca_form_make_gamma_constant_at_the_eigenvalue():
     k = _keys()
     v, eigvals, _ = _kpca_form(k)
     test = eigenvector_test(k, v)
-    assert test.spread_mean.shape == test.spread_std.shape == test.gamma_mean.shape == (B, H, DV)
+    assert test.spread_mean.shape == test.spread_std.shape == test.gamma_mean.shape == test.residual.shape == (B, H, DV)
     torch.testing.assert_close(test.spread_mean, torch.zeros(B, H, DV, dtype=torch.float64), atol=1e-9, rtol=0)
     torch.testing.assert_close(test.gamma_mean, eigvals / N)  # K̃ â = λ â, so γ = λ / N
+
+
+def _centred_gram_eigh(k):
+    """Eigenvalues (B, H, N) and eigenvectors (B, H, N, N) of K̃_φ written out from κ, descending."""
+    lam, vec = torch.zeros(B, H, N, dtype=k.dtype), torch.zeros(B, H, N, N, dtype=k.dtype)
+    centre = torch.eye(N, dtype=k.dtype) - 1 / N
+    for b, h in itertools.product(range(B), range(H)):
+        kk = _kernel(k[b, h], k[b, h])
+        g = kk.sum(1)
+        eigvals, eigvecs = torch.linalg.eigh(centre @ (kk / g[:, None] / g[None, :]) @ centre)
+        lam[b, h], vec[b, h] = eigvals.flip(0), eigvecs.flip(1)
+    return lam, vec
+
+
+def _values_of(k, a_hat):
+    """The values V = G⁻¹ â whose â = G V is ``a_hat`` (B, H, N, Dv)."""
+    return a_hat / torch.exp(log_normaliser(k, k))[..., None]
+
+
+def test_values_in_kernel_pca_form_have_eigen_residual_zero():
+    k = _keys()
+    v, _, _ = _kpca_form(k)
+    residual = eigenvector_test(k, v).residual
+    assert residual.shape == (B, H, DV) and residual.dtype == torch.float64
+    torch.testing.assert_close(residual, torch.zeros(B, H, DV, dtype=torch.float64), atol=1e-12, rtol=0)
+
+
+def test_eigen_residual_of_two_mixed_eigenvectors_is_the_hand_computed_value():
+    # â = u_i + u_j (orthonormal, K̃ u = λ u): N ρ = (λ_i + λ_j) / 2, K̃ â − N ρ â = (λ_i − λ_j)(u_i − u_j) / 2,
+    # so r = |λ_i − λ_j| / √(2 (λ_i² + λ_j²)).
+    k = _keys()
+    lam, vec = _centred_gram_eigh(k)
+    pairs = [(0, 2), (1, 4)]
+    a_hat = torch.stack([vec[..., i] + vec[..., j] for i, j in pairs], dim=-1)  # (B, H, N, 2)
+    expected = torch.stack(
+        [(lam[..., i] - lam[..., j]).abs() / (2 * (lam[..., i] ** 2 + lam[..., j] ** 2)).sqrt() for i, j in pairs], -1
+    )
+    torch.testing.assert_close(eigenvector_test(k, _values_of(k, a_hat)).residual, expected)
+    assert (expected > 0.1).all() and (expected < 0.9).all()  # away from the ends, where a mutation would hide
+
+
+def test_eigen_residual_of_random_values_equals_the_eigen_expansion():
+    # â = Σ_i c_i u_i: r² = Σ_i (λ_i − μ)² c_i² / Σ_i λ_i² c_i², μ = Σ_i λ_i c_i² / Σ_i c_i² (the Rayleigh quotient).
+    k = _keys()
+    v = torch.randn(B, H, N, DV, dtype=torch.float64)
+    lam, vec = _centred_gram_eigh(k)
+    coefficients = vec.transpose(-2, -1) @ (torch.exp(log_normaliser(k, k))[..., None] * v)  # (B, H, N, DV)
+    weights = coefficients.square()
+    mu = (lam[..., None] * weights).sum(-2) / weights.sum(-2)  # (B, H, DV)
+    expected = (
+        ((lam[..., None] - mu[..., None, :]) ** 2 * weights).sum(-2) / (lam[..., None] ** 2 * weights).sum(-2)
+    ).sqrt()
+    residual = eigenvector_test(k, v).residual
+    torch.testing.assert_close(residual, expected)
+    assert ((residual > 0.1) & (residual < 1)).all()
+
+
+def test_eigen_residual_counts_a_constant_offset_as_gamma_does():
+    # â is not centred: â = u_1 + m 1 (u_1 ⟂ 1) gives K̃ â = λ_1 u_1 and r = ‖m 1‖ / ‖â‖; γ is not constant either.
+    k = _keys()
+    lam, vec = _centred_gram_eigh(k)
+    offsets = torch.tensor([0.1, 0.5, 2.0], dtype=torch.float64)
+    a_hat = vec[..., :1] + offsets  # (B, H, N, 3)
+    test = eigenvector_test(k, _values_of(k, a_hat))
+    expected = (math.sqrt(N) * offsets / (1 + N * offsets.square()).sqrt()).expand(B, H, 3)
+    torch.testing.assert_close(test.residual, expected)
+    assert (test.spread_mean > 0.01 * lam[..., :1] / N).all()  # γ of u_1 alone would be λ_1 / N everywhere
+
+
+def test_eigen_residual_does_not_change_when_a_value_dimension_is_scaled():
+    k = _keys()
+    v = torch.randn(B, H, N, DV, dtype=torch.float64)
+    residual = eigenvector_test(k, v).residual
+    factors = torch.tensor([1e-6, -7.0, 1e5], dtype=torch.float64)  # one per value dimension
+    torch.testing.assert_close(eigenvector_test(k, v * factors).residual, residual, rtol=1e-12, atol=0)
+    assert ((residual >= 0) & (residual <= 1)).all()
+
+
+def test_eigen_residual_is_zero_where_the_gram_maps_the_values_to_zero():
+    k = _keys()
+    constant = _values_of(k, torch.ones(B, H, N, DV, dtype=torch.float64))  # â = 1: K̃ 1 = 0 up to round-off
+    assert (eigenvector_test(k, constant).residual == 0).all()
+    assert (eigenvector_test(k, torch.zeros(B, H, N, DV, dtype=torch.float64)).residual == 0).all()  # â = 0
+    same_keys = _keys()[..., :1, :].expand(B, H, 8, D)  # K̃ = 0: every feature is the mean
+    assert (eigenvector_test(same_keys, torch.randn(B, H, 8, DV, dtype=torch.float64)).residual == 0).all()
+
+
+def test_eigen_residual_is_stable_where_the_published_spread_is_not():
+    # One entry of â_0 near zero (1e-9 of its scale): a perturbation of k and v of 1e-6 of their norms moves that
+    # entry by ~1e3 times itself, so γ_0 and its spread change many-fold, while r_0 moves by ~1e-6.
+    generator = torch.Generator().manual_seed(7)
+    k = 0.7 * torch.randn(1, 1, N, D, dtype=torch.float64, generator=generator)
+    v = torch.randn(1, 1, N, DV, dtype=torch.float64, generator=generator)
+    v[0, 0, 4, 0] = 1e-9 * v[0, 0, :, 0].abs().mean()
+
+    def perturbed(x):
+        noise = torch.randn(x.shape, dtype=torch.float64, generator=generator)
+        return x + 1e-6 * x.norm() * noise / noise.norm()
+
+    before = kernel_pca_diagnostics(k, k, v).eigenvector
+    k2 = perturbed(k)
+    after = kernel_pca_diagnostics(k2, k2, perturbed(v)).eigenvector
+    spread_change = (after.spread_mean[0, 0, 0] / before.spread_mean[0, 0, 0] - 1).abs()
+    residual_change = (after.residual[0, 0, 0] / before.residual[0, 0, 0] - 1).abs()
+    assert spread_change > 0.5, spread_change
+    assert residual_change < 1e-4, residual_change
+    assert before.residual[0, 0, 0] > 0.1  # not an eigenvector: the residual measures something
 
 
 def test_random_values_are_not_eigenvectors_and_not_aligned():
@@ -160,6 +268,8 @@ def test_large_scores_stay_finite():
     k = 40 * torch.randn(1, 1, N, D)  # exp(k kᵀ / √D) overflows float64 without logarithms
     diagnostics = kernel_pca_diagnostics(k, k, torch.randn(1, 1, N, DV))
     assert torch.isfinite(diagnostics.projection_loss).all() and torch.isfinite(diagnostics.eigenvalues).all()
+    residual = diagnostics.eigenvector.residual  # computed from G V / max g, which does not overflow
+    assert ((residual >= 0) & (residual <= 1)).all()
 
 
 def test_shape_errors_name_the_shapes():

@@ -13,7 +13,15 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from kpca.attention import RPCAttention, SoftmaxAttention
 from kpca.attention.kernel_pca import kernel_pca_diagnostics
-from kpca.training.analysis import KernelPCAMonitor, analyze_network, network_inputs, write_analysis
+from kpca.training.analysis import (
+    SUMMARY_METRICS,
+    KernelPCAMonitor,
+    analysis_markdown,
+    analyze_network,
+    network_inputs,
+    read_analysis,
+    write_analysis,
+)
 
 WIDTH, HEADS, TOKENS = 8, 2, 5
 
@@ -53,6 +61,9 @@ def test_analysis_is_the_diagnostics_of_each_layers_own_queries_keys_and_values(
         assert result.projection_loss.shape == (HEADS,) and result.eigenvalues.shape == (HEADS, TOKENS)
         torch.testing.assert_close(result.projection_loss, expected.projection_loss.mean(0))
         torch.testing.assert_close(result.gamma_spread, expected.eigenvector.spread_mean.mean((0, 2)))
+        torch.testing.assert_close(result.eigen_residual, expected.eigenvector.residual.mean((0, 2)))
+        assert list(result.summary()) == list(SUMMARY_METRICS)
+        assert result.summary()["eigen_residual"] == pytest.approx(float(expected.eigenvector.residual.detach().mean()))
         torch.testing.assert_close(result.value_alignment, expected.value_alignment.mean(0))
         torch.testing.assert_close(result.eigenvalues, expected.eigenvalues.mean(0))
 
@@ -84,7 +95,10 @@ def test_write_analysis_writes_one_row_per_model_and_layer_and_a_png(tmp_path: P
     results = {"a": analyze_network(Net(), x), "b": analyze_network(Net(), x)}
     md, csv, png = write_analysis(results, tmp_path)
     lines = csv.read_text().splitlines()
-    assert lines[0].startswith("model,layer,heads,projection_loss,gamma_spread")
+    assert lines[0] == (
+        "model,layer,heads,symmetric,projection_loss,gamma_spread,gamma_spread_std,eigen_residual,gamma_scale,"
+        "value_alignment"
+    )
     assert [line.split(",")[:2] for line in lines[1:]] == [["a", "first"], ["a", "second.1"]] + [
         ["b", "first"],
         ["b", "second.1"],
@@ -135,8 +149,11 @@ def test_monitor_logs_scalars_and_a_figure_every_n_epochs_on_a_fixed_batch(tmp_p
     events.Reload()
     steps = [e.step for e in events.Scalars("kpca/first/projection_loss")]
     assert steps == [4, 8]  # the ends of epochs 2 and 4 (2 steps per epoch)
-    for metric in ("projection_loss", "gamma_spread", "gamma_spread_std", "gamma_scale", "value_alignment"):
+    for metric in SUMMARY_METRICS:
         assert len(events.Scalars(f"kpca/second.1/{metric}")) == 2
+    residual = analyze_network(module.net, data.val.tensors[0][:3])[1].eigen_residual.mean()
+    assert 0 < events.Scalars("kpca/second.1/eigen_residual")[-1].value <= 1
+    assert math.isclose(events.Scalars("kpca/second.1/eigen_residual")[-1].value, float(residual), rel_tol=1e-6)
     assert [e.step for e in events.Images("kpca/analysis")] == [4, 8]
     expected = analyze_network(module.net, data.val.tensors[0][:3])[0].projection_loss.mean()  # the final weights
     assert math.isclose(events.Scalars("kpca/first/projection_loss")[-1].value, float(expected), rel_tol=1e-6)
@@ -155,3 +172,41 @@ def test_write_analysis_takes_layers_of_different_lengths(tmp_path: Path):
     layers = analyze_network(Net(), torch.randn(2, TOKENS, 3)) + analyze_network(Net(), torch.randn(2, 2 * TOKENS, 3))
     _, csv, png = write_analysis({"net": layers}, tmp_path)
     assert len(csv.read_text().splitlines()) == 1 + 4 and png.stat().st_size > 0
+
+
+def test_read_analysis_reads_back_what_write_analysis_wrote(tmp_path: Path):
+    layers = analyze_network(Net(), torch.randn(3, TOKENS, 3))
+    _, csv, _ = write_analysis({"net": layers, "other": layers[:1]}, tmp_path)
+    read = read_analysis(csv, model="net")
+    assert [(r.layer, r.symmetric, len(r.projection_loss)) for r in read] == [
+        ("first", False, 2),
+        ("second.1", True, 2),
+    ]
+    for original, back in zip(layers, read, strict=True):
+        assert back.summary() == pytest.approx(original.summary(), rel=1e-15, abs=0)
+        assert back.eigenvalues.shape == (HEADS, 0)  # the CSV has no spectrum
+    assert analysis_markdown({"net": read}) == analysis_markdown({"net": layers})
+    _, again, png = write_analysis({"net": read}, tmp_path / "again")  # the figure takes layers read back
+    for back, twice in zip(read, read_analysis(again), strict=True):
+        assert twice.summary() == pytest.approx(back.summary(), rel=1e-15, abs=0)
+    assert png.stat().st_size > 0
+
+
+def test_read_analysis_names_what_is_wrong(tmp_path: Path):
+    _, csv, _ = write_analysis({"a": analyze_network(Net(), torch.randn(2, TOKENS, 3))}, tmp_path)
+    with pytest.raises(ValueError, match=r"model 'b' is not in .*kernel_pca.csv, which holds \['a'\]"):
+        read_analysis(csv, model="b")
+    two = tmp_path / "two.csv"
+    two.write_text(csv.read_text() + csv.read_text().splitlines()[1].replace("a,", "c,", 1) + "\n")
+    with pytest.raises(ValueError, match=r"holds the models \['a', 'c'\]; pass model="):
+        read_analysis(two)
+    old = tmp_path / "old.csv"
+    old.write_text("model,layer,heads,projection_loss\na,first,2,0.5\n")
+    with pytest.raises(
+        ValueError, match=r"lacks the kernel-PCA column\(s\) \['symmetric', 'gamma_spread'.*run analyze again"
+    ):
+        read_analysis(old)
+    bad = tmp_path / "bad.csv"
+    bad.write_text(csv.read_text().replace(",2,False,", ",two,False,", 1))
+    with pytest.raises(ValueError, match="layer 'first': a cell is not a number"):
+        read_analysis(bad)

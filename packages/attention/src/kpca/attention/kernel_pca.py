@@ -10,7 +10,12 @@ far a layer's learned q, k, v are from that form:
 - :func:`projection_loss`: J_proj = (1/N) Σ_i (‖φ(q_i)‖² − ‖h_i‖²), ‖φ(q_i)‖² = κ(q_i, q_i) / g(q_i)².
 - :func:`eigenvector_test`: â_d = G V[:, d], γ_d = (K̃_φ â_d) ⊘ (N â_d); γ_d is constant (the
   eigenvalue / N) exactly when â_d is an eigenvector of K̃_φ. Summarised, as in the paper, by the
-  mean ± std of |γ_{d,i} − γ_{d,j}| over the pairs i < j.
+  mean ± std of |γ_{d,i} − γ_{d,j}| over the pairs i < j. That spread divides by â_d's entries, so
+  an entry near zero dominates it and a tiny change of the weights can move it many-fold; the test
+  therefore also gives the eigen-residual r_d = ‖K̃_φ â_d − N ρ_d â_d‖ / ‖K̃_φ â_d‖ with
+  N ρ_d = â_dᵀK̃_φ â_d / â_dᵀâ_d the Rayleigh quotient: the sine of the angle between K̃_φ â_d and
+  â_d, in [0, 1], 0 exactly for an eigenvector, unchanged by scaling â_d, and stable (the statistic
+  to read; the spread is kept to compare with the paper).
 - :func:`gram_spectrum`: the eigenvalues of K̃_φ = C K_φ C (C = I − 11ᵀ/N), descending.
 - :func:`value_alignment`: the share of the centred â's energy inside the span of K̃_φ's top-D_v
   eigenvectors (1 for values in the kernel-PCA form).
@@ -38,14 +43,18 @@ class EigenvectorTest:
     """The eigenvector test of each value dimension d (all tensors (B, H, Dv), float64).
 
     Attributes:
-        spread_mean: mean over pairs i < j of |γ_{d,i} − γ_{d,j}| (0 when â_d is an eigenvector).
+        spread_mean: mean over pairs i < j of |γ_{d,i} − γ_{d,j}| (0 when â_d is an eigenvector); the
+            paper's statistic, ill-conditioned when an entry of â_d is near zero.
         spread_std: standard deviation of |γ_{d,i} − γ_{d,j}| over the same pairs.
         gamma_mean: mean over i of γ_{d,i}: the eigenvalue / N that â_d would have.
+        residual: the eigen-residual r_d = ‖K̃_φ â_d − N ρ_d â_d‖ / ‖K̃_φ â_d‖ in [0, 1] (0 when â_d is an
+            eigenvector), N ρ_d the Rayleigh quotient; the well-conditioned statistic.
     """
 
     spread_mean: torch.Tensor
     spread_std: torch.Tensor
     gamma_mean: torch.Tensor
+    residual: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -153,10 +162,35 @@ def _pairwise_spread(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean_abs, (mean_sq - mean_abs.square()).clamp_min(0).sqrt()
 
 
+def _eigen_residual(gram: torch.Tensor, a_hat: torch.Tensor) -> torch.Tensor:
+    """r_d = ‖K̃ â_d − N ρ_d â_d‖ / ‖K̃ â_d‖ of each column of (B, H, N, Dv) ``a_hat``: (B, H, Dv) in [0, 1].
+
+    N ρ_d = â_dᵀK̃ â_d / â_dᵀâ_d makes N ρ_d â_d the orthogonal projection of K̃ â_d on â_d, so r_d is the
+    sine of their angle. When K̃ â_d is zero to round-off (â_d = 0, or â_d in K̃'s null space, e.g. a
+    constant since K̃ 1 = 0) the eigen-equation K̃ â_d = N ρ_d â_d holds with ρ_d = 0 and r_d is 0.
+    """
+    n = a_hat.shape[-2]
+    tiny = torch.finfo(torch.float64).tiny
+    image = gram @ a_hat  # K̃ â, (B, H, N, Dv)
+    a_norm = a_hat.norm(dim=-2)  # (B, H, Dv)
+    rayleigh = (a_hat * image).sum(-2) / a_norm.square().clamp_min(tiny)  # N ρ, (B, H, Dv)
+    residual = (image - rayleigh[..., None, :] * a_hat).norm(dim=-2)  # (B, H, Dv)
+    image_norm = image.norm(dim=-2)  # (B, H, Dv)
+    # The round-off of K̃ â: N ε ‖K̃‖_F ‖â‖ bounds the error of the matrix-vector product.
+    round_off = n * torch.finfo(torch.float64).eps * torch.linalg.matrix_norm(gram)[..., None] * a_norm  # (B, H, Dv)
+    return torch.where(image_norm > round_off, residual / image_norm.clamp_min(tiny), 0.0)
+
+
 def eigenvector_test(
     k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None, gram: torch.Tensor | None = None
 ) -> EigenvectorTest:
-    """The paper's eigenvector test: γ_d = (K̃_φ â_d) ⊘ (N â_d) with â_d = G V[:, d].
+    """The eigenvector test of â_d = G V[:, d]: the paper's γ_d = (K̃_φ â_d) ⊘ (N â_d) and the eigen-residual.
+
+    â_d is not centred, in both statistics: K̃_φ 1 = 0, so a constant offset in â_d makes it no eigenvector
+    (γ_d is then not constant and r_d > 0, r_d = ‖offset‖ / ‖â_d‖ when the rest is an eigenvector); the
+    kernel-PCA form's â_d = A[:, d] has none (the eigenvectors of nonzero eigenvalues are orthogonal to 1).
+    (:func:`value_alignment` centres â, as it measures only the span.) The residual is computed from G V
+    scaled by 1 / max_j g(k_j) per head, which it does not depend on, so large scores do not overflow it.
 
     Args:
         k: (B, H, N, D) keys.
@@ -165,17 +199,20 @@ def eigenvector_test(
         gram: K̃_φ from :func:`feature_gram`, if already computed.
 
     Returns:
-        The spread of each γ_d over its N entries (B, H, Dv); an â_d entry that is exactly zero
-        gives an infinite γ entry, hence an infinite spread.
+        The spread of each γ_d over its N entries and its residual r_d (B, H, Dv); an â_d entry that is
+        exactly zero gives an infinite γ entry, hence an infinite spread, and leaves r_d finite.
+        r_d is 0 when K̃_φ â_d is zero to round-off (â_d = 0 or a constant â_d; see above).
     """
     _checks.check_qkv(k=k)
     _check_values(k, v)
     n = k.shape[-2]
     gram = feature_gram(k, scale=scale) if gram is None else gram
-    a_hat = _feature_scaled_values(k, v, scale)  # G V, (B, H, N, Dv)
+    log_g = log_normaliser(k, k, scale=scale)  # (B, H, N)
+    a_hat = torch.exp(log_g)[..., None] * v.double()  # G V, (B, H, N, Dv)
     gamma = (gram @ a_hat) / (n * a_hat)  # (B, H, N, Dv)
     spread_mean, spread_std = _pairwise_spread(gamma.transpose(-2, -1))  # (B, H, Dv) each
-    return EigenvectorTest(spread_mean, spread_std, gamma.mean(-2))
+    scaled = torch.exp(log_g - log_g.amax(-1, keepdim=True))[..., None] * v.double()  # G V / max g, (B, H, N, Dv)
+    return EigenvectorTest(spread_mean, spread_std, gamma.mean(-2), _eigen_residual(gram, scaled))
 
 
 def gram_spectrum(k: torch.Tensor, *, scale: float | None = None, gram: torch.Tensor | None = None) -> torch.Tensor:

@@ -2,13 +2,15 @@
 
 :func:`analyze_network` runs the network once on a batch, records every attention layer's input
 (:mod:`kpca.attention.capture`) and computes :func:`kpca.attention.kernel_pca.kernel_pca_diagnostics`
-per layer; :func:`write_analysis` writes the Markdown / CSV tables and a PNG; :class:`KernelPCAMonitor`
-logs the same numbers to the loggers (scalars) and TensorBoard (figures) every N epochs during ``fit``,
-on one batch fixed at the start, as the paper tracks J_proj over training.
+per layer; :func:`write_analysis` writes the Markdown / CSV tables and a PNG, :func:`read_analysis` reads
+such a CSV back (to merge several runs' tables); :class:`KernelPCAMonitor` logs the same numbers to the
+loggers (scalars) and TensorBoard (figures) every N epochs during ``fit``, on one batch fixed at the start,
+as the paper tracks J_proj over training.
 """
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -28,6 +30,16 @@ from kpca.training.reports import markdown_table, write_report
 
 logger = logging.getLogger(__name__)
 
+SUMMARY_METRICS = (
+    "projection_loss",
+    "gamma_spread",
+    "gamma_spread_std",
+    "eigen_residual",
+    "gamma_scale",
+    "value_alignment",
+)
+"""The per-head metrics of :class:`LayerAnalysis` that its summary, the tables and the monitor carry, in order."""
+
 
 @dataclass(frozen=True)
 class LayerAnalysis:
@@ -39,6 +51,8 @@ class LayerAnalysis:
         projection_loss: (H,) J_proj.
         gamma_spread: (H,) mean over value dims of the mean |γ_{d,i} − γ_{d,j}| (0 for eigenvectors).
         gamma_spread_std: (H,) mean over value dims of the std of |γ_{d,i} − γ_{d,j}|.
+        eigen_residual: (H,) mean over value dims of the eigen-residual r_d in [0, 1] (0 for eigenvectors), the
+            well-conditioned eigenvector test (the γ spread divides by â's entries).
         gamma_scale: (H,) mean over value dims of |mean_i γ_{d,i}|, the eigenvalue / N each â_d implies.
         value_alignment: (H,) share of the centred G V inside the top-Dv kernel principal axes.
         eigenvalues: (H, N) spectrum of the centred feature Gram matrix, descending.
@@ -49,19 +63,14 @@ class LayerAnalysis:
     projection_loss: torch.Tensor
     gamma_spread: torch.Tensor
     gamma_spread_std: torch.Tensor
+    eigen_residual: torch.Tensor
     gamma_scale: torch.Tensor
     value_alignment: torch.Tensor
     eigenvalues: torch.Tensor
 
     def summary(self) -> dict[str, float]:
-        """The per-layer means over heads, by metric name."""
-        return {
-            "projection_loss": float(self.projection_loss.mean()),
-            "gamma_spread": float(self.gamma_spread.mean()),
-            "gamma_spread_std": float(self.gamma_spread_std.mean()),
-            "gamma_scale": float(self.gamma_scale.mean()),
-            "value_alignment": float(self.value_alignment.mean()),
-        }
+        """The per-layer means over heads, by metric name (the names of :data:`SUMMARY_METRICS`, in order)."""
+        return {name: float(getattr(self, name).mean()) for name in SUMMARY_METRICS}
 
 
 def network_inputs(batch: Any) -> torch.Tensor:
@@ -115,6 +124,7 @@ def analyze_network(net: nn.Module, inputs: torch.Tensor) -> list[LayerAnalysis]
                 projection_loss=diagnostics.projection_loss.mean(0).cpu(),
                 gamma_spread=test.spread_mean.mean((0, 2)).cpu(),
                 gamma_spread_std=test.spread_std.mean((0, 2)).cpu(),
+                eigen_residual=test.residual.mean((0, 2)).cpu(),
                 gamma_scale=test.gamma_mean.abs().mean((0, 2)).cpu(),
                 value_alignment=diagnostics.value_alignment.mean(0).cpu(),
                 eigenvalues=diagnostics.eigenvalues.mean(0).cpu(),
@@ -125,11 +135,17 @@ def analyze_network(net: nn.Module, inputs: torch.Tensor) -> list[LayerAnalysis]
 
 def analysis_rows(results: Sequence[LayerAnalysis], **columns: object) -> list[dict[str, object]]:
     """One table row per layer (means over heads), each starting with ``columns`` (e.g. ``model=...``)."""
-    return [{**columns, "layer": r.layer, "heads": len(r.projection_loss), **r.summary()} for r in results]
+    return [
+        {**columns, "layer": r.layer, "heads": len(r.projection_loss), "symmetric": r.symmetric, **r.summary()}
+        for r in results
+    ]
 
 
 def analysis_figure(results_by_model: Mapping[str, Sequence[LayerAnalysis]]):
-    """A matplotlib figure: J_proj per layer, the eigenvector test and each layer's Gram spectrum (colour: model)."""
+    """A matplotlib figure: J_proj per layer, the eigenvector test and each layer's Gram spectrum (colour: model).
+
+    Layers from :func:`read_analysis` have no spectrum (an empty curve).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,6 +198,64 @@ def write_analysis(
     plt_close(fig)
     logger.info("wrote %s", png_path)
     return md_path, csv_path, png_path
+
+
+def read_analysis(path: Path, *, model: str | None = None) -> list[LayerAnalysis]:
+    """The layers of a ``<name>.csv`` written by :func:`write_analysis`, in its row order.
+
+    The CSV keeps only the means over heads: each per-head tensor read back holds its layer's mean repeated
+    over the layer's ``heads`` (float64), so :meth:`LayerAnalysis.summary` gives the CSV's values (to the last
+    bit of rounding) and :func:`analysis_rows`, :func:`analysis_markdown`, :func:`analysis_figure` and
+    :func:`write_analysis` take the result. The CSV has no Gram spectrum: ``eigenvalues`` is (H, 0).
+
+    Args:
+        path: the CSV file.
+        model: the ``model`` whose rows to read; None when the file holds one model only.
+
+    Raises:
+        ValueError: when a column is missing (a table written before the column existed: run ``analyze``
+            again), a cell does not parse, the file has no rows, or ``model`` is None for a file of several
+            models or not one of them.
+    """
+    with Path(path).open(newline="", encoding="utf-8") as stream:
+        reader = csv.DictReader(stream)
+        columns = ("model", "layer", "heads", "symmetric", *SUMMARY_METRICS)
+        missing = [column for column in columns if column not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(
+                f"{path} lacks the kernel-PCA column(s) {missing}; it is not a table of write_analysis or was "
+                "written by an older version: run analyze again to rewrite it"
+            )
+        rows = list(reader)
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    if not models:
+        raise ValueError(f"{path} has no rows; write it with write_analysis from at least one layer")
+    if model is None and len(models) > 1:
+        raise ValueError(f"{path} holds the models {models}; pass model= one of them")
+    chosen = models[0] if model is None else model
+    if chosen not in models:
+        raise ValueError(f"model {chosen!r} is not in {path}, which holds {models}")
+    return [_layer_from_row(row, path) for row in rows if row["model"] == chosen]
+
+
+def _layer_from_row(row: Mapping[str, str], path: Path) -> LayerAnalysis:
+    """One :class:`LayerAnalysis` from a CSV row of :func:`analysis_rows` (each per-head tensor: the mean, H times)."""
+    try:
+        heads = int(row["heads"])
+        values = {name: float(row[name]) for name in SUMMARY_METRICS}
+    except ValueError as error:
+        raise ValueError(f"{path}, layer {row['layer']!r}: a cell is not a number ({error})") from error
+    if heads < 1 or row["symmetric"] not in ("True", "False"):
+        raise ValueError(
+            f"{path}, layer {row['layer']!r}: heads must be a positive int and symmetric True or False, "
+            f"got heads={row['heads']!r}, symmetric={row['symmetric']!r}"
+        )
+    return LayerAnalysis(
+        layer=row["layer"],
+        symmetric=row["symmetric"] == "True",
+        **{name: torch.full((heads,), value, dtype=torch.float64) for name, value in values.items()},
+        eigenvalues=torch.zeros(heads, 0, dtype=torch.float64),
+    )
 
 
 def analysis_markdown(results_by_model: Mapping[str, Sequence[LayerAnalysis]]) -> str:
