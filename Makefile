@@ -17,14 +17,18 @@ $(STAMP): requirements/constraints.txt requirements/dev.txt $(wildcard packages/
 
 install: $(STAMP)  ## create .venv and install every distribution editable with the pinned stack
 
-demo: $(STAMP)  ## the main job: SymViT vs RPC-SymViT on the built-in digits, clean / corrupted / attacked
-	$(PY) -m kpca.vision_cls.demo --out runs/demo
+# The demos are experiment plans (configs/experiments/demo_*.yaml): rerunning one skips the steps already done.
+demo: $(STAMP)  ## the main job: SymViT vs RPC-SymViT on the built-in digits over 3 seeds, clean / corrupted / attacked
+	$(VENV)/bin/kpca-experiment run configs/experiments/demo_vision.yaml
+	cat runs/demo/report.md
 
 demo-lm: $(STAMP)  ## symmetric vs RPC language models on the built-in corpus, clean and word-swapped perplexity
-	$(PY) -m kpca.language_model.demo --out runs/demo-lm
+	$(VENV)/bin/kpca-experiment run configs/experiments/demo_lm.yaml
+	cat runs/demo-lm/report.md
 
 demo-seg: $(STAMP)  ## symmetric vs RPC Segmenter on the built-in synthetic ADE20K, clean and corrupted mIoU
-	$(PY) -m kpca.segmentation.demo --out runs/demo-seg
+	$(VENV)/bin/kpca-experiment run configs/experiments/demo_seg.yaml
+	cat runs/demo-seg/report.md
 
 smoke: $(STAMP)  ## the smallest end-to-end fit of the vision app
 	$(PY) -m kpca.vision_cls fit -c configs/trainer/cpu.yaml -c configs/vision_cls/smoke.yaml --trainer.fast_dev_run=2

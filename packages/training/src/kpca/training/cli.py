@@ -49,6 +49,7 @@ from kpca.training.checkpointing.callback import Checkpoint
 from kpca.training.checkpointing.io import remove_leftover_writes
 from kpca.training.checkpointing.origin import app_of, check_origin
 from kpca.training.checkpointing.resume import check_checkpoint, find_resume
+from kpca.training.files import write_atomic
 from kpca.training.run_config import without_keys
 from kpca.training.run_lock import RunLock
 from kpca.training.trainer import CHECK_DATA, ProjectTrainer
@@ -65,6 +66,8 @@ RESUME_IGNORED_KEYS = (
 )  # fmt: skip
 """Config keys that resuming itself sets, and ``model.compile`` (it changes how the network runs, not what it is): a
 saved run whose config differs only in these is this experiment."""
+FIT_SUMMARY = "fit_summary.json"
+"""The file :meth:`ProjectCLI.after_fit` writes into the fit's log folder: its best and last checkpoints."""
 RUN_LOCK_FILE = "fit.lock"
 """The lock file a ``fit`` holds in its run folder (see :mod:`kpca.training.run_lock`)."""
 NEW_RUN_FOLDER = (
@@ -233,6 +236,32 @@ class ProjectCLI(LightningCLI):
             for callback in self.trainer.checkpoint_callbacks:
                 if isinstance(callback, Checkpoint):
                     callback.resuming = True
+
+    def after_fit(self) -> None:
+        """Write ``<trainer.log_dir>/fit_summary.json`` (rank 0, atomically): the fit's best and last checkpoints.
+
+        Keys: ``best_model_path``, ``best_model_score``, ``last_model_path`` (of the ``checkpoint`` callback, ""
+        and None when it saved none), ``epoch`` and ``global_step``. Experiment plans read it to find the checkpoint
+        that their later steps evaluate (:mod:`kpca.training.experiment.steps`).
+        """
+        log_dir = self.trainer.log_dir  # a broadcast from rank 0: every process asks
+        if self.trainer.global_rank != 0 or log_dir is None:
+            return
+        callback = self.trainer.checkpoint_callback
+        score = getattr(callback, "best_model_score", None)
+        summary = {
+            "best_model_path": getattr(callback, "best_model_path", ""),
+            "best_model_score": None if score is None else float(score),
+            "last_model_path": getattr(callback, "last_model_path", ""),
+            "epoch": self.trainer.current_epoch,
+            "global_step": self.trainer.global_step,
+        }
+        write_atomic(
+            Path(log_dir) / FIT_SUMMARY,
+            lambda stream: json.dump(summary, stream, indent=2),
+            mode="w",
+            encoding="utf-8",
+        )
 
     def _resume_automatically(self, config) -> None:
         """Point ``ckpt_path`` and the logger's version at the newest readable checkpoint of this experiment."""
