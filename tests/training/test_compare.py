@@ -213,3 +213,127 @@ def test_labels_and_errors():
 def test_a_folder_without_runs_is_an_error(tmp_path: Path):
     with pytest.raises(ValueError, match="no run under"):
         compare(tmp_path, "vision_cls")
+
+
+def _lm_config(seed: int, ckpt_path: str | None = None, *, published: bool) -> dict:
+    """A language-model config with every setting of the perplexity protocol recorded: the authors' or ours."""
+    config = _config("rpc", seed, ckpt_path)
+    config["trainer"] |= {"limit_test_batches": None, "fast_dev_run": False}
+    config["data"] = {
+        "text_files": "tokens" if published else "raw", "context": 256, "eval_stride": 1 if published else None,
+        "score_first_token": not published,
+        "tokenizer": {"kind": "word" if published else "sentencepiece", "min_freq": 0},
+        "word_swap": {"protocol": "textattack" if published else "uniform", "rate": 0.015, "replacement": "AAA"},
+    }  # fmt: skip
+    return config
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with path.open() as stream:
+        return list(csv.DictReader(stream))
+
+
+OURS_CLEAN = (
+    "ours: text_files=raw (published: tokens); tokenizer=sentencepiece (published: word); "
+    "eval_stride=context / 2 (published: 1); score_first_token=true (published: false)"
+)
+
+
+def test_seeds_evaluated_under_other_protocols_are_other_rows_each_saying_its_protocol(tmp_path: Path):
+    for seed, published in ((1, True), (2, False)):
+        _run(tmp_path / "fit" / f"version_{seed}", _config("rpc", seed), checkpoint=True)
+        ckpt = str(tmp_path / "fit" / f"version_{seed}" / "checkpoints" / "last.ckpt")
+        config = _lm_config(seed, ckpt, published=published)
+        _run(tmp_path / "test" / f"version_{seed}", config, report=_perplexity(30.0 * seed, 31.0 * seed))
+    compare(tmp_path, "language_model", tmp_path / "out")
+    rows = _read_csv(tmp_path / "out" / "comparison.csv")
+    assert [(row["seeds"], row["runs"], row["valid/ppl"]) for row in rows] == [("1", "1", "30.0"), ("2", "1", "60.0")]
+    assert [row["protocol:clean"] for row in rows] == ["published", OURS_CLEAN]
+    markdown = (tmp_path / "out" / "comparison.md").read_text()
+    label = "rpc n_iter=2 lambd=4.0"
+    assert f"| {label} (test: test/version_1) | 1 | 30.0000 † | 31.0000 † |" in markdown
+    assert f"| {label} (test: test/version_2) | 2 | 60.0000 | 62.0000 |" in markdown
+    assert "† measured under the authors' published protocol of its column group" in markdown
+    assert (
+        f"- `clean`:\n  - {label} (test: test/version_1): published\n  - {label} (test: test/version_2): {OURS_CLEAN}\n"
+    ) in markdown
+
+
+def test_a_training_run_tested_with_other_settings_gives_a_row_per_setting(tmp_path: Path):
+    _run(tmp_path / "fit" / "version_0", _config("rpc", 1), checkpoint=True)
+    ckpt = str(tmp_path / "fit" / "version_0" / "checkpoints" / "last.ckpt")
+    for name, ppl, window in (("a", 30.0, 256), ("b", 40.0, 128), ("c", 35.0, 128)):  # c retests b's settings
+        config = _lm_config(1, ckpt, published=True)
+        config["data"]["context"] = window
+        _run(tmp_path / "test" / name, config, report=_perplexity(ppl, ppl))
+    runs = collect_runs(tmp_path, report_schema("language_model"))
+    assert [run.evaluation.name for run in runs] == ["a", "c"]  # the newest evaluation of the folder last
+    models, _ = group_runs(runs)
+    assert sorted((m.label, m.runs[0].metrics["valid/ppl"], len(m.runs)) for m in models) == [
+        ("rpc n_iter=2 lambd=4.0 (test: test/a)", 30.0, 1),
+        ("rpc n_iter=2 lambd=4.0 (test: test/c)", 35.0, 1),  # the newest evaluation with these settings
+    ]
+    assert [m.protocols["clean"].text for m in sorted(models, key=lambda m: m.label)] == [
+        "published",
+        "ours: window=128 (published: 256)",
+    ]
+
+
+def _references(path: Path, header: str, *lines: str) -> Path:
+    path.write_text("\n".join((header, *lines)) + "\n")
+    return path
+
+
+def test_reference_rows_are_shown_apart_and_never_averaged_in(tmp_path: Path):
+    for seed in (1, 2):
+        _run(tmp_path / "runs" / f"version_{seed}", _lm_config(seed, published=True), report=_perplexity(30.0, 31.0))
+    paper = _references(
+        tmp_path / "paper.csv", "model,source,protocol,valid/ppl,test/ppl,test/ppl_std",
+        "RPC (paper),Teo & Nguyen 2024 Table 3,published,32.5,33.5,0.1",
+    )  # fmt: skip
+    other = _references(tmp_path / "other.csv", "model,source,protocol,test/ppl", "softmax,https://x.org/t,ours,40")
+    main([str(tmp_path / "runs"), "--task", "language_model", "--reference", str(paper), "--reference", str(other)])
+    rows = _read_csv(tmp_path / "runs" / "comparison.csv")
+    assert [row["status"] for row in rows] == [
+        "complete", "reference (Teo & Nguyen 2024 Table 3)", "reference (https://x.org/t)",
+    ]  # fmt: skip
+    assert (rows[0]["valid/ppl"], rows[0]["runs"]) == ("30.0", "2")  # the references are not in the mean
+    assert (rows[1]["test/ppl"], rows[1]["test/ppl_std"], rows[1]["protocol:clean"]) == ("33.5", "0.1", "published")
+    assert (rows[2]["valid/ppl"], rows[2]["protocol:clean"]) == ("", "ours")
+    markdown = (tmp_path / "runs" / "comparison.md").read_text()
+    block = markdown.split("Reference (not measured here; never averaged with the rows above):\n\n")[1]
+    assert block.splitlines()[0] == "| model | source | protocol | valid/ppl | test/ppl |"
+    assert "| RPC (paper) | Teo & Nguyen 2024 Table 3 | published | 32.5000 | 33.5000 ± 0.1000 |" in block
+    assert "| softmax | https://x.org/t | ours |  | 40.0000 |" in block
+
+
+@pytest.mark.parametrize(
+    ("header", "line", "error"),
+    [
+        ("model,source,protocol,valid/ppl,top1", "a,b,published,1,2",
+         r"unknown metric column\(s\) \['top1'\]; the perplexity report's metric columns are valid/ppl, "
+         r"valid_wordswap/ppl, test/ppl, test_wordswap/ppl"),
+        ("model,protocol,valid/ppl", "a,published,1", "has no column source; a reference file has the columns"),
+        ("model,source,protocol,valid/ppl", "a, ,published,1", "line 2: the source is empty"),
+        ("model,source,protocol,valid/ppl", "a,b,published,n/a", r"line 2, column valid/ppl is 'n/a', not a number"),
+        ("model,source,protocol,valid/ppl", "", "has a header but no rows"),
+    ],
+)  # fmt: skip
+def test_a_reference_file_that_does_not_fit_the_report_is_refused_with_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], header: str, line: str, error: str
+):
+    _run(tmp_path / "runs" / "version_0", _lm_config(1, published=True), report=_perplexity(30.0, 31.0))
+    references = _references(tmp_path / "refs.csv", header, *([line] if line else []))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "runs"), "--task", "language_model", "--reference", str(references)])
+    assert exit_info.value.code == 2 and re.search(error, capsys.readouterr().err)
+
+
+def test_seeds_whose_tests_differ_only_in_the_report_name_are_one_row(tmp_path: Path):
+    for seed, stem in ((1, "robustness"), (2, "renamed")):
+        _run(tmp_path / "fit" / f"version_{seed}", _config("rpc", seed), checkpoint=True)
+        ckpt = str(tmp_path / "fit" / f"version_{seed}" / "checkpoints" / "last.ckpt")
+        config = _renamed(_config("rpc", seed, ckpt), stem)  # the name under init_args, as LightningCLI saves it
+        _run(tmp_path / "test" / f"version_{seed}", config, report=_robustness(0.5 + seed / 10, stem))
+    (model,), _ = group_runs(collect_runs(tmp_path, report_schema("vision_cls")))
+    assert [run.metrics["clean/acc1"] for run in model.runs] == [0.6, 0.7]

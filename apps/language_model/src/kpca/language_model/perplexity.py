@@ -5,7 +5,8 @@ words), with words counted on the original text (:func:`kpca.language_model.corp
 so it does not depend on the tokenizer. With the word tokenizer on ``wiki.*.tokens`` the two are
 equal, and they are the authors' perplexity when the evaluation follows their protocol. The report
 (``perplexity.csv``) is declared for ``kpca-report`` by :data:`PERPLEXITY_REPORT`, registered as the
-``language_model`` report task.
+``language_model`` report task, with the protocol rules of its two column groups (:data:`PERPLEXITY_PROTOCOLS`,
+docs/protocols.md); ``test`` records the run's protocol next to the report (``protocol.json``, a "Protocol" section).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 import torch
 from torchmetrics import Metric
 
-from kpca.training.reports import ReportSchema, write_report
+from kpca.training.protocols import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
+from kpca.training.reports import ReportSchema, markdown_table, write_report
 
 
 def read_perplexity_report(path: Path) -> dict[str, float]:
@@ -28,10 +30,44 @@ def read_perplexity_report(path: Path) -> dict[str, float]:
         return {f"{row['set']}/ppl": float(row["ppl_word"]) for row in csv.DictReader(stream)}
 
 
+SLIDING_WINDOW_PROTOCOL = (
+    Setting("data.text_files", "tokens"),
+    Setting("data.tokenizer.kind", "word", name="tokenizer"),
+    Setting("data.tokenizer.min_freq", 0, name="min_freq"),
+    Setting("data.context", 256, name="window"),
+    Setting("data.eval_stride", 1, default="context / 2"),
+    Setting("data.score_first_token", False),
+    *WHOLE_TEST_SET,
+)
+"""The authors' perplexity (inferred, docs/protocols.md): ``wiki.*.tokens`` with their word vocabulary, windows of 256
+tokens sliding by 1, the split's first token as context only, every token of the split."""
+
+CJK_WORD_SPLIT = (
+    "lines with CJK characters are split into words on whitespace (published: TextAttack segments them with jieba)"
+)
+"""The word-swap difference no setting removes (docs/protocols.md, "LM word swap")."""
+
+PERPLEXITY_PROTOCOLS = (
+    ProtocolRule("clean", r"(train|valid|test)/ppl", SLIDING_WINDOW_PROTOCOL),
+    ProtocolRule(
+        "word_swap",
+        r"(train|valid|test)_wordswap/ppl",
+        (
+            *SLIDING_WINDOW_PROTOCOL,
+            Setting("data.word_swap.protocol", "textattack", name="word_swap"),
+            Setting("data.word_swap.rate", 0.015, name="swap_rate"),
+            Setting("data.word_swap.replacement", "AAA", name="replacement"),
+        ),
+        fixed=(CJK_WORD_SPLIT,),
+    ),
+)
+"""The protocol rules of ``perplexity.csv``'s column groups: clean and word-swapped perplexity."""
+
 PERPLEXITY_REPORT = ReportSchema(
     stem="perplexity",
     read=read_perplexity_report,
     columns=(r"valid/ppl", r"valid_wordswap/ppl", r"test/ppl", r"test_wordswap/ppl"),
+    protocols=PERPLEXITY_PROTOCOLS,
 )
 """The ``language_model`` report task of ``kpca-report``: what :func:`write_perplexity_report` writes."""
 
@@ -92,10 +128,12 @@ def perplexity_rows(sets: Mapping[str, tuple[NLLTotals, int, int, int]]) -> list
 def write_perplexity_report(rows: list[dict], out_dir: str | os.PathLike[str]) -> None:
     """Write ``perplexity.md`` / ``perplexity.csv`` (atomically) with each attacked set beside its clean one.
 
-    The file stem is :data:`PERPLEXITY_REPORT`'s, the name ``kpca-report`` reads.
+    The file stem is :data:`PERPLEXITY_REPORT`'s, the name ``kpca-report`` reads. The run's protocol, from the
+    ``config.yaml`` in ``out_dir``, goes into ``protocol.json`` and a "Protocol" section of the Markdown.
     """
     clean = {row["set"]: row for row in rows if not row["set"].endswith("_wordswap")}
     for row in rows:
         base = clean.get(row["set"].removesuffix("_wordswap"))
         row["ppl_word_vs_clean"] = row["ppl_word"] / base["ppl_word"] if base else None
-    write_report(rows, out_dir, PERPLEXITY_REPORT.stem, show=True)
+    section = record_protocol(PERPLEXITY_REPORT, out_dir, [f"{row['set']}/ppl" for row in rows])
+    write_report(rows, out_dir, PERPLEXITY_REPORT.stem, show=True, markdown=markdown_table(rows) + section)

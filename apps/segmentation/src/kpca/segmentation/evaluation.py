@@ -9,7 +9,9 @@ Reports (Markdown and CSV, written atomically with ``kpca.training.reports.write
 * ``per_class_clean.{md,csv}``: IoU and accuracy of each of the 150 classes on the clean set (empty where a class
   is absent from both predictions and labels, as mmseg's NaN).
 
-:data:`SEGMENTATION_REPORT` declares ``segmentation.csv`` for ``kpca-report`` (the ``segmentation`` report task).
+:data:`SEGMENTATION_REPORT` declares ``segmentation.csv`` for ``kpca-report`` (the ``segmentation`` report task), with
+the protocol rules of its clean and corrupted columns (:data:`SEGMENTATION_PROTOCOLS`, docs/protocols.md); ``test``
+records the run's protocol next to the report (``protocol.json`` and a "Protocol" section of ``segmentation.md``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from pathlib import Path
 
 import torch
 
-from kpca.training.reports import ReportSchema, write_report
+from kpca.segmentation.corruption_sets import CORRUPTION_PRESETS
+from kpca.training.protocols import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
+from kpca.training.reports import ReportSchema, markdown_table, write_report
 
 METRICS = ("aAcc", "mAcc", "mIoU")
 EvalSets = Sequence[tuple[str, str | None, int | None]]
@@ -40,10 +44,63 @@ def read_segmentation_report(path: Path) -> dict[str, float]:
     return metrics
 
 
+SLIDING_WINDOW_PROTOCOL = (
+    Setting("model.window", 512),
+    Setting("model.stride", 512),
+    Setting("data.scale", (2048, 512), name="test_scale"),
+    Setting("data.eval_subset", None, published_text="null (every image)"),
+    *WHOLE_TEST_SET,
+)
+"""The authors' test inference (SEGM config.yml:123-131, model/utils.py:92-178): 512 windows with stride 512."""
+
+KEEP_RATIO_RESIZE = (
+    "test images resized keep-ratio within data.scale as mmseg does (published: short side brought to 512 as "
+    "Segmenter does; at (2048, 512) the two differ only for images more than 4 times wider than high)"
+)
+"""The clean-evaluation difference no setting removes (docs/protocols.md, "Seg: crop / window / stride")."""
+
+ON_THE_FLY_CORRUPTIONS = (
+    "corruptions applied on the fly to the RGB image, not saved as JPEG, by imagecorruptions-imaug (published: made "
+    "offline from the BGR image, saved as JPEG quality 95, by upstream imagecorruptions)"
+)
+"""The ADE20K-C differences no setting removes (docs/protocols.md, "ADE20K-C: how the corrupted images are made")."""
+
+ELLIPTICAL = CORRUPTION_PRESETS["elliptical"]
+"""The group's ADE20K-C sets (ELL ADE20K/test_city_c.py:93-105): 19 corruptions at severities 1-3."""
+
+SEGMENTATION_PROTOCOLS = (
+    ProtocolRule("clean", r"clean/(mIoU|mAcc|aAcc)", SLIDING_WINDOW_PROTOCOL, fixed=(KEEP_RATIO_RESIZE,)),
+    ProtocolRule(
+        "corrupted",
+        r"corrupted/(mIoU|mAcc|aAcc)",
+        (
+            *SLIDING_WINDOW_PROTOCOL,
+            Setting("data.corruption_preset", "elliptical"),
+            Setting(
+                "data.corruptions",
+                None,
+                published_text="null (the elliptical preset's 19)",
+                matches=lambda value: value is None or sorted(value) == sorted(ELLIPTICAL.corruptions),
+            ),
+            Setting(
+                "data.severities",
+                None,
+                published_text="null (the elliptical preset's 1-3)",
+                matches=lambda value: value is None or sorted(value) == sorted(ELLIPTICAL.severities),
+            ),
+        ),
+        fixed=(KEEP_RATIO_RESIZE, ON_THE_FLY_CORRUPTIONS),
+    ),
+)
+"""The protocol rules of ``segmentation.csv``'s column groups. Neither is ever ``published``: docs/protocols.md lists
+differences that no setting removes; the corrupted group's settings match the group's ADE20K-C harness with
+``data.corruption_preset: elliptical``."""
+
 SEGMENTATION_REPORT = ReportSchema(
     stem="segmentation",
     read=read_segmentation_report,
     columns=(r"clean/mIoU", r"clean/mAcc", r"clean/aAcc", r"corrupted/mIoU", r"corrupted/mAcc", r"corrupted/aAcc"),
+    protocols=SEGMENTATION_PROTOCOLS,
 )
 """The ``segmentation`` report task of ``kpca-report``: the summary :func:`write_reports` writes."""
 
@@ -110,10 +167,17 @@ def write_reports(
 ) -> list[Path]:
     """Write ``segmentation.{md,csv}`` (:data:`SEGMENTATION_REPORT`) and ``per_class_clean.{md,csv}`` into ``out_dir``.
 
+    The run's protocol, from the ``config.yaml`` in ``out_dir``, goes into ``protocol.json`` and a "Protocol" section
+    of ``segmentation.md``.
+
     Returns:
-        The four paths.
+        The four report paths.
     """
-    paths = list(write_report(summary_rows(per_set, eval_sets), out_dir, SEGMENTATION_REPORT.stem, show=True))
+    rows = summary_rows(per_set, eval_sets)
+    groups = {"clean" if corruption is None else "corrupted" for _, corruption, _ in eval_sets}
+    section = record_protocol(SEGMENTATION_REPORT, out_dir, [f"{group}/{m}" for group in groups for m in METRICS])
+    markdown = markdown_table(rows) + section
+    paths = list(write_report(rows, out_dir, SEGMENTATION_REPORT.stem, show=True, markdown=markdown))
     if "clean" in per_set:
         paths += write_report(per_class_rows(per_set["clean"], classes), out_dir, "per_class_clean")
     return paths

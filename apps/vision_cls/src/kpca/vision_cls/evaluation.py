@@ -3,7 +3,9 @@
 The test dataloaders are the datamodule's ``eval_sets`` in order (clean first); each batch is routed
 to the metric its set needs. Metrics are torchmetrics objects, so DDP ranks are reduced on compute,
 image counts included (summed over ranks). The report (``robustness.csv``, ``metric,value[,n]`` rows) is
-declared for ``kpca-report`` by :data:`ROBUSTNESS_REPORT`, registered as the ``vision_cls`` report task.
+declared for ``kpca-report`` by :data:`ROBUSTNESS_REPORT`, registered as the ``vision_cls`` report task, with the
+protocol rules of its column groups (:func:`robustness_protocols`, docs/protocols.md); ``test`` records the run's
+protocol next to the report (``protocol.json`` and a "Protocol" section).
 Legend: B batch, K classes (1000 for ImageNet), M subset classes (200).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,7 +24,8 @@ from torch import nn
 from torchmetrics import CatMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from kpca.training.reports import ReportSchema, write_report
+from kpca.training.protocols import WHOLE_TEST_SET, ProtocolRule, Setting, config_entry, record_protocol
+from kpca.training.reports import ReportSchema, markdown_table, write_report
 from kpca.vision_cls.attacks import AttackSpec, predicted_labels, run_attack
 from kpca.vision_cls.data import EvalSet
 from kpca.vision_cls.robustness import (
@@ -49,6 +53,95 @@ def read_robustness_report(path: Path) -> dict[str, float]:
         return {row["metric"]: float(row["value"]) for row in csv.DictReader(stream) if row["value"] != ""}
 
 
+FP16_AUTOCAST_CLASSIFICATION = Setting(
+    "trainer.precision", "16-mixed", name="precision", default="32-true",
+    matches=lambda value: str(value) in ("16-mixed", "16", "32-true", "32"),
+    published_text="16-mixed or 32-true",
+)  # fmt: skip
+"""The authors classify clean, ImageNet-C and adversarial images under fp16 autocast (KPCA Robust/engine.py:115,
+Attack/engine.py:110-112); fp32 (the one-command published evaluation of docs/protocols.md) counts as the same, bf16
+does not."""
+
+FP32_CLASSIFICATION = Setting(
+    "trainer.precision", "32-true", name="precision", default="32-true",
+    matches=lambda value: str(value) in ("32-true", "32"),
+)  # fmt: skip
+"""The authors classify ImageNet-A, -R and -O in fp32 (KPCA eval_OOD.py:205-212)."""
+
+EVAL_TRANSFORM = (
+    Setting("data.crop_pct", 0.875),
+    Setting("data.interpolation", "bicubic"),
+    Setting("data.eval_subset", None, published_text="null (every image)"),
+    *WHOLE_TEST_SET,
+)
+"""The authors' evaluation images: Resize(image_size / 0.875, bicubic) + CenterCrop, every image of each set."""
+
+ON_THE_FLY_CORRUPTIONS = (
+    "imagecorruptions applied on the fly after a bicubic resize, without the JPEG q85 step, a proxy (published: the "
+    "released ImageNet-C files, data.imagenet_c_root)"
+)
+"""Why ``corrupted/*`` is never the published protocol (docs/protocols.md, "On-the-fly corruptions")."""
+
+PUBLISHED_ATTACK_STEPS = {"pgd": 20, "spsa": 10}
+"""The authors' iterations (KPCA Attack/engine.py:96, 104); FGSM takes one step."""
+
+
+def attack_protocol(index: int, attack: Mapping) -> ProtocolRule:
+    """The protocol rule of the ``index``-th attack of ``model.evaluator.attacks`` (a saved config's entry).
+
+    Its group is ``attack/<tag>`` (the attack's result name); the authors attack the normalised tensor with their
+    model's clean prediction as label, on every image, with cleverhans' SPSA gradient (attacks/published.yaml).
+    """
+    spec = AttackSpec(**attack)
+    key = f"model.evaluator.attacks.{index}"
+    settings = [
+        Setting(f"{key}.space", "reference", name="space", default="pixel"),
+        Setting(f"{key}.labels", "predicted", name="labels", default="ground_truth"),
+    ]
+    if spec.name in PUBLISHED_ATTACK_STEPS:
+        settings.append(Setting(f"{key}.steps", PUBLISHED_ATTACK_STEPS[spec.name], name="steps", default=20))
+    if spec.name == "spsa":
+        settings.append(Setting(f"{key}.spsa_gradient", "cleverhans", name="spsa_gradient", default="iterate"))
+    settings.append(Setting("model.evaluator.attack_batches", None, published_text="null (every batch)"))
+    return ProtocolRule(
+        f"attack/{spec.tag}",
+        rf"attack/{re.escape(spec.tag)}/eps[^/]+/acc1",
+        (*settings, *EVAL_TRANSFORM, FP16_AUTOCAST_CLASSIFICATION),
+    )
+
+
+def robustness_protocols(config: Mapping) -> tuple[ProtocolRule, ...]:
+    """The protocol rules of each column group of ``robustness.csv`` for a run's saved config (docs/protocols.md).
+
+    Groups: ``clean``, ``imagenet_c`` (published only when all 15 x 5 sets ran: ``imagenet_c/mCE`` is reported),
+    ``corrupted`` (never published: a proxy of ImageNet-C), ``imagenet_a`` / ``_r`` / ``_o`` (fp32) and one
+    ``attack/<tag>`` per configured attack.
+    """
+    attacks = config_entry(config, "model.evaluator.attacks")
+    return (
+        ProtocolRule("clean", r"clean/acc[15]", (*EVAL_TRANSFORM, FP16_AUTOCAST_CLASSIFICATION)),
+        ProtocolRule(
+            "imagenet_c",
+            r"imagenet_c/.+",
+            (
+                Setting("data.image_size", 224, published_text="224 (the released files are 224x224 crops)"),
+                Setting("data.severities", (1, 2, 3, 4, 5)),
+                Setting("data.eval_subset", None, published_text="null (every image)"),
+                *WHOLE_TEST_SET,
+                FP16_AUTOCAST_CLASSIFICATION,
+            ),
+            complete_when="imagenet_c/mCE",
+            incomplete="not all 15 corruptions x 5 severities ran (no imagenet_c/mCE), the mean is over those found",
+        ),
+        ProtocolRule("corrupted", r"corrupted/.+", fixed=(ON_THE_FLY_CORRUPTIONS,)),
+        *(
+            ProtocolRule(kind, rf"{kind}/(acc1|aupr)", (*EVAL_TRANSFORM, FP32_CLASSIFICATION))
+            for kind in ("imagenet_a", "imagenet_r", "imagenet_o")
+        ),
+        *(attack_protocol(i, attack) for i, attack in enumerate(attacks if isinstance(attacks, list) else [])),
+    )
+
+
 ROBUSTNESS_REPORT = ReportSchema(
     stem="robustness",
     read=read_robustness_report,
@@ -64,6 +157,7 @@ ROBUSTNESS_REPORT = ReportSchema(
         r"attack/[^/]+/eps[^/]+/acc1",
     ),
     name_setting="model.evaluator.report_name",
+    protocols=robustness_protocols,
 )
 """The ``vision_cls`` report task of ``kpca-report``: what :meth:`RobustnessEvaluator.write_report` writes."""
 
@@ -238,7 +332,8 @@ class RobustnessEvaluator:
         """Write the results (and the per-corruption table, when corruptions ran) as Markdown and CSV.
 
         Clean and attack rows carry their image count in an ``n`` column (``clean/n_images`` and
-        ``attack/n_images``, which are not rows of their own).
+        ``attack/n_images``, which are not rows of their own). The run's protocol, from the ``config.yaml`` in
+        ``out_dir``, goes into ``protocol.json`` and a "Protocol" section of the Markdown (the CSV is unchanged).
         """
         counts = {kind: results.get(f"{kind}/n_images") for kind in ("clean", "attack")}
         rows = []
@@ -250,7 +345,8 @@ class RobustnessEvaluator:
             if count is not None:
                 row["n"] = int(count)
             rows.append(row)
-        paths = list(write_report(rows, out_dir, self.report_name, show=True))
+        section = record_protocol(ROBUSTNESS_REPORT, out_dir, [row["metric"] for row in rows])
+        paths = list(write_report(rows, out_dir, self.report_name, show=True, markdown=markdown_table(rows) + section))
         for kind in ("corrupted", "imagenet_c"):
             per_set = {
                 (s.corruption, s.severity): 1.0 - results[f"{kind}/{s.corruption}/s{s.severity}/acc1"]

@@ -16,6 +16,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
 from kpca.attention import RPCAttention
+from kpca.training.protocols import read_protocol_file
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +180,9 @@ class HParamsSummary(pl.Callback):
     at the end of ``validate`` / ``test`` with that stage's metrics. Metrics are logged as scalars under
     ``hparams/<name>`` (so they never collide with the run's curves). The hyper-parameters are those Lightning
     collected for the loggers (the module's and the datamodule's saved arguments, the network's config included)
-    plus the global seed.
+    plus the global seed; a ``test`` run adds the protocol of each column group of its report as
+    ``protocol/<group>`` (the ``protocol.json`` its evaluation wrote into the log dir: ``published`` or
+    ``ours: <differences>``).
     """
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -196,8 +199,10 @@ class HParamsSummary(pl.Callback):
             self._write(trainer, self._metrics(trainer, "val/"))
 
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Summarise a ``test`` run with every test metric."""
-        self._write(trainer, self._metrics(trainer, "test/"))
+        """Summarise a ``test`` run with every test metric and the protocol of each column group of its report."""
+        protocols = read_protocol_file(trainer.log_dir) if trainer.log_dir is not None else {}
+        params = {f"protocol/{group}": text for group, text in protocols.items()}
+        self._write(trainer, self._metrics(trainer, "test/"), params)
 
     @staticmethod
     def _metrics(trainer: pl.Trainer, prefix: str) -> dict[str, float]:
@@ -208,13 +213,14 @@ class HParamsSummary(pl.Callback):
         }
 
     @staticmethod
-    def _write(trainer: pl.Trainer, metrics: dict[str, float]) -> None:
+    def _write(trainer: pl.Trainer, metrics: dict[str, float], extra: dict[str, str] | None = None) -> None:
         if not metrics or trainer.sanity_checking:
             return
         for lg in trainer.loggers:
             if isinstance(lg, TensorBoardLogger):
                 params = {k: v for k, v in lg.hparams.items() if not k.startswith("_")}  # not _instantiator
                 params["seed"] = os.environ.get("PL_GLOBAL_SEED", "none")
+                params.update(extra or {})
                 lg.log_hyperparams(params, metrics, step=trainer.global_step)
 
 

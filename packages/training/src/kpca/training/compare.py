@@ -10,7 +10,15 @@ Each app declares its report (a :class:`kpca.training.reports.ReportSchema`) nex
 it and registers it under a task name in the ``kpca.reports`` entry points; ``kpca-report`` reads only
 what the installed apps register, so a new evaluation needs no change here.
 
+Provenance: each evaluation's protocol per column group comes from its saved config through the schema's protocol
+rules (:mod:`kpca.training.protocols`). The evaluation's settings are part of a row's identity, so runs measured
+under different protocols, or evaluated with other settings, are never averaged into one cell: they are separate
+rows (a training run evaluated twice with other settings gives two rows). Cells measured under the authors'
+protocol are marked; each group's protocol is listed under the table and in the CSV's ``protocol:<group>`` columns.
+Reference rows (``--reference``: published numbers, not measured here) are a block of their own, never averaged.
+
     kpca-report runs/ --task vision_cls          # runs/comparison.md, .csv and .png
+    kpca-report runs/ --task vision_cls --reference paper.csv
     kpca-report --task                           # the installed tasks
 """
 
@@ -32,6 +40,8 @@ from pathlib import Path
 import yaml
 
 from kpca.training.files import write_atomic
+from kpca.training.protocols import Protocol
+from kpca.training.references import Reference, read_references
 from kpca.training.reports import REPORT_ENTRY_POINTS, ReportSchema, markdown_table, write_report
 from kpca.training.run_config import config_value, without_keys
 
@@ -43,20 +53,30 @@ RUN_SPECIFIC_KEYS = (
 )  # fmt: skip
 """Config keys that do not define a model: runs differing only in these are seeds of one model."""
 
+PUBLISHED_MARK = "†"
+"""The mark of a cell measured under the authors' published protocol of its column group."""
+
 DESCRIPTION = """\
 Collect the evaluation reports of every run under ROOT into one side-by-side comparison.
 
 A run is a folder holding the config.yaml that LightningCLI saved. An evaluation run (the app's test
 subcommand) names the checkpoint it evaluated in its config's ckpt_path, which links it to its training
 run. Runs whose configs differ only in the seed (and in paths and logger folders) are one model: one row
-with the mean and standard deviation of each metric over the seeds. Writes <name>.md, <name>.csv and
-<name>.png into the output folder and prints the Markdown table; training runs without a report are
-listed with the reason."""
+with the mean and standard deviation of each metric over the seeds. Runs evaluated with other settings
+(another protocol) are other rows, never averaged together; each column group's protocol is listed under
+the table, and cells measured under the authors' published protocol are marked with a dagger. Writes
+<name>.md, <name>.csv and <name>.png into the output folder and prints the Markdown table; training runs
+without a report are listed with the reason. --reference adds published numbers from a CSV (columns
+model, source, protocol and the report's metric names) as a separate block, never averaged in."""
 
 
 @dataclass
 class Run:
-    """One training run (or a standalone evaluation) and the report of its newest evaluation, if any."""
+    """One training run (or a standalone evaluation) and the report of one of its evaluations, if any.
+
+    A training run evaluated with several settings appears once per setting, each time with the newest evaluation
+    made with it.
+    """
 
     folder: Path
     config: dict
@@ -64,6 +84,10 @@ class Run:
     evaluation: Path | None = None
     reason: str = ""
     """Why the run has no metrics (set by :func:`collect_runs`)."""
+    evaluation_key: str = ""
+    """The evaluation's settings and protocols: runs with other ones are never averaged together."""
+    protocols: dict[str, Protocol] = field(default_factory=dict)
+    """The evaluation's protocol per column group of the report, from its config."""
 
     @property
     def seed(self) -> object:
@@ -73,11 +97,20 @@ class Run:
 
 @dataclass
 class Model:
-    """Runs that differ only in the seed: one row of the comparison."""
+    """Runs that differ only in the seed (same training and evaluation settings): one row of the comparison."""
 
     label: str
     attention: dict
     runs: list[Run] = field(default_factory=list)
+
+    @property
+    def protocols(self) -> dict[str, Protocol]:
+        """The protocol of each column group (the same for every run of the model)."""
+        return self.runs[0].protocols
+
+    def protocol_of_column(self, column: str) -> Protocol | None:
+        """The protocol of the group ``column`` belongs to; None when the app declares no rule for it."""
+        return next((protocol for protocol in self.protocols.values() if protocol.covers(column)), None)
 
 
 def _natural_key(text: str) -> list:
@@ -124,10 +157,26 @@ def report_schema(task: str) -> ReportSchema:
     return schema
 
 
-def _model_key(config: dict) -> str:
-    """Equal for runs that are seeds of one model: the config as JSON, without :data:`RUN_SPECIFIC_KEYS`."""
+def _model_key(config: dict, ignored: Sequence[str] = ()) -> str:
+    """Equal for seeds of one model: the config as JSON without :data:`RUN_SPECIFIC_KEYS` and ``ignored``."""
     plain = json.loads(json.dumps(config, default=str))
-    return json.dumps(without_keys(plain, RUN_SPECIFIC_KEYS), sort_keys=True)
+    return json.dumps(without_keys(plain, (*RUN_SPECIFIC_KEYS, *ignored)), sort_keys=True)
+
+
+def _spellings(dotted_key: str) -> list[str]:
+    """Every way a saved config can hold ``dotted_key``: with or without ``init_args`` under each of its parents."""
+    first, *rest = dotted_key.split(".")
+    spellings = [first]
+    for part in rest:
+        spellings = [f"{head}{middle}.{part}" for head in spellings for middle in ("", ".init_args")]
+    return spellings
+
+
+def _evaluation_key(config: dict, protocols: Mapping[str, Protocol], schema: ReportSchema) -> str:
+    """Equal for evaluations made with the same settings: the config (not the report's name) and the protocols."""
+    ignored = () if schema.name_setting is None else _spellings(schema.name_setting)
+    texts = {group: protocol.text for group, protocol in protocols.items()}
+    return json.dumps([_model_key(config, ignored), texts], sort_keys=True)
 
 
 def find_attention(config: object) -> dict:
@@ -197,11 +246,14 @@ def _no_evaluation(run: Run, root: Path) -> str:
 
 
 def collect_runs(root: str | Path, schema: ReportSchema) -> list[Run]:
-    """Every run under ``root``: training runs with their newest evaluation, then standalone evaluations.
+    """Every run under ``root``: training runs with their evaluations, then standalone evaluations.
 
     An evaluation is a folder holding its report, ``<stem>.csv`` where the stem is the one its config names
-    (:func:`report_stem`). A run left without metrics says why in :attr:`Run.reason`: no evaluation names its
-    checkpoints, its newest evaluation folder has no report, or the report is unreadable.
+    (:func:`report_stem`). A training run gives one :class:`Run` per distinct evaluation setting (its config and the
+    protocols it gives, :attr:`Run.evaluation_key`) with the newest evaluation made with it; they are listed oldest
+    first, so the last one of a training folder is its newest evaluation. A run left without metrics says why in
+    :attr:`Run.reason`: no evaluation names its checkpoints, its newest evaluation folder has no report, or the report
+    is unreadable.
     """
     root = Path(root)
     folders = {path.parent: _read_config(path) for path in sorted(root.rglob("config.yaml"))}
@@ -218,6 +270,7 @@ def collect_runs(root: str | Path, schema: ReportSchema) -> list[Run]:
             mtime = (folder / "config.yaml").stat().st_mtime
             problems.setdefault(linked.folder.resolve(), []).append((mtime, _missing_report(folder, stem, setting)))
     standalone = []
+    evaluated: dict[Path, dict[str, Run]] = {}  # training folder -> evaluation key -> its newest evaluation
     for mtime, report, folder, config, linked in sorted(reports, key=lambda item: item[0]):
         try:
             metrics = schema.read(report)
@@ -228,15 +281,22 @@ def collect_runs(root: str | Path, schema: ReportSchema) -> list[Run]:
             else:
                 problems.setdefault(linked.folder.resolve(), []).append((mtime, unreadable))
             continue
-        run = linked
-        if run is None:
-            run = Run(folder, config)
-            standalone.append(run)
-        run.metrics, run.evaluation = metrics, folder  # the newest evaluation wins
+        protocols = schema.protocol_of(config, metrics)
+        key = _evaluation_key(config, protocols, schema)
+        if linked is None:
+            standalone.append(Run(folder, config, metrics, folder, evaluation_key=key, protocols=protocols))
+        else:
+            runs = evaluated.setdefault(linked.folder.resolve(), {})
+            runs.pop(key, None)  # the newest evaluation with these settings replaces an older one, and goes last
+            runs[key] = Run(linked.folder, linked.config, metrics, folder, evaluation_key=key, protocols=protocols)
+    collected = []
     for key, run in training.items():
-        if run.metrics is None:
+        if key in evaluated:
+            collected += evaluated[key].values()
+        else:
             run.reason = max(problems[key])[1] if key in problems else _no_evaluation(run, root)
-    return [*training.values(), *standalone]
+            collected.append(run)
+    return [*collected, *standalone]
 
 
 def _is_training(folder: Path) -> bool:
@@ -245,23 +305,35 @@ def _is_training(folder: Path) -> bool:
 
 
 def group_runs(runs: Sequence[Run]) -> tuple[list[Model], list[Run]]:
-    """Complete runs grouped into models (same config but the seed), and the incomplete runs."""
+    """Complete runs grouped into models (same config but the seed, same evaluation settings), and the incomplete runs.
+
+    Rows that would share a label are told apart by their experiment folder, then by their (first) evaluation folder.
+    """
     models: dict[str, Model] = {}
     incomplete = []
     for run in runs:
         if run.metrics is None:
             incomplete.append(run)
             continue
-        key = _model_key(run.config)
+        key = json.dumps([_model_key(run.config), run.evaluation_key])
         if key not in models:
             attention = find_attention(run.config.get("model", {}))
             models[key] = Model(model_label(attention), attention)
         models[key].runs.append(run)
-    labels = [m.label for m in models.values()]
-    for model in models.values():  # same attention, other settings: tell the rows apart by an experiment folder
-        if labels.count(model.label) > 1:
-            model.label += f" ({model.runs[0].folder.parent.name})"
+    _distinguish(models.values(), lambda model: f" ({model.runs[0].folder.parent.name})")
+    _distinguish(models.values(), lambda model: f" (test: {_folder_name(model.runs[0].evaluation)})")
     return list(models.values()), incomplete
+
+
+def _distinguish(models: Iterable[Model], suffix) -> None:
+    """Append ``suffix(model)`` to the labels that several models share, where the suffixes tell them apart."""
+    same_label: dict[str, list[Model]] = {}
+    for model in models:
+        same_label.setdefault(model.label, []).append(model)
+    for group in same_label.values():
+        if len({suffix(model) for model in group}) > 1:
+            for model in group:
+                model.label += suffix(model)
 
 
 def shown_columns(models: Sequence[Model], schema: ReportSchema) -> list[str]:
@@ -279,11 +351,41 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def comparison_rows(models: Sequence[Model], incomplete: Sequence[Run], columns: Sequence[str]) -> list[dict]:
-    """The CSV rows: one per model, then one per incomplete run.
+def _folder_name(folder: Path) -> str:
+    """A run folder as ``<parent>/<name>`` (e.g. ``lightning_logs/version_3``)."""
+    return f"{folder.parent.name}/{folder.name}"
+
+
+def column_groups(models: Sequence[Model], columns: Sequence[str]) -> list[str]:
+    """The column groups (of the models' protocols) that the shown ``columns`` belong to, in column order."""
+    groups: list[str] = []
+    for column in columns:
+        for model in models:
+            protocol = model.protocol_of_column(column)
+            if protocol is not None and protocol.group not in groups:
+                groups.append(protocol.group)
+    return groups
+
+
+def _groups_with_values(model: Model, columns: Sequence[str]) -> dict[str, Protocol]:
+    """The model's protocols of the groups it has a value in."""
+    shown = {}
+    for column in columns:
+        protocol = model.protocol_of_column(column)
+        if protocol is not None and any(column in run.metrics for run in model.runs):
+            shown[protocol.group] = protocol
+    return shown
+
+
+def comparison_rows(
+    models: Sequence[Model], incomplete: Sequence[Run], columns: Sequence[str], references: Sequence[Reference] = ()
+) -> list[dict]:
+    """The CSV rows: one per model, then one per incomplete run, then one per reference.
 
     A model's ``<metric>`` is the mean over its seeds and ``<metric>_std`` the sample standard deviation (empty
-    with one seed); an incomplete run has status ``incomplete: <folder>: <reason>`` and no metrics.
+    with one seed), and ``protocol:<group>`` the protocol of each column group it has values in (``published`` or
+    ``ours: <differences>``); an incomplete run has status ``incomplete: <folder>: <reason>`` and no metrics; a
+    reference has status ``reference (<source>)``, its numbers and its stated protocol.
     """
     rows = []
     for model in models:
@@ -295,6 +397,7 @@ def comparison_rows(models: Sequence[Model], incomplete: Sequence[Run], columns:
         for column in columns:
             mean, std = _mean_std([run.metrics[column] for run in model.runs if column in run.metrics])
             row[column], row[f"{column}_std"] = mean, std
+        row |= {f"protocol:{group}": p.text for group, p in _groups_with_values(model, columns).items()}
         rows.append(row)
     for run in incomplete:
         attention = find_attention(run.config.get("model", {}))
@@ -302,6 +405,13 @@ def comparison_rows(models: Sequence[Model], incomplete: Sequence[Run], columns:
             {"model": model_label(attention), "kind": attention.get("kind"), "seeds": str(run.seed), "runs": 0,
              "status": f"incomplete: {run.folder}: {run.reason}"}
         )  # fmt: skip
+    for reference in references:
+        row = {"model": reference.model, "runs": 0, "status": f"reference ({reference.source})"}
+        for column, value in reference.metrics.items():
+            row[column], row[f"{column}_std"] = value, reference.stds.get(column)
+        groups = column_groups(models, list(reference.metrics))
+        row |= {f"protocol:{group}": reference.protocol for group in groups}
+        rows.append(row)
     return rows
 
 
@@ -311,15 +421,71 @@ def _cell(mean: float, std: float | None) -> str:
     return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
 
 
-def comparison_markdown(models: Sequence[Model], incomplete: Sequence[Run], columns: Sequence[str]) -> str:
-    """The paper's layout: one row per model, the task's columns as ``mean ± std`` over seeds."""
+def _protocol_section(models: Sequence[Model], columns: Sequence[str]) -> str:
+    """The legend of the marks and each column group's protocol (per row where the rows differ)."""
+    groups = column_groups(models, columns)
+    if not groups:
+        return ""
+    marked = any(p.comparable_with_published for m in models for p in _groups_with_values(m, columns).values())
+    text = (
+        f"\n{PUBLISHED_MARK} measured under the authors' published protocol of its column group (docs/protocols.md); "
+        "unmarked cells were measured under another protocol, named below.\n"
+        if marked
+        else "\nNo cell was measured under the authors' published protocol (docs/protocols.md); each column group's "
+        "protocol is named below.\n"
+    )
+    text += "\nProtocol of each column group:\n\n"
+    for group in groups:
+        by_model = {m.label: p.text for m in models if (p := _groups_with_values(m, columns).get(group)) is not None}
+        if len(set(by_model.values())) == 1:
+            text += f"- `{group}`: {next(iter(by_model.values()))}\n"
+        else:
+            text += f"- `{group}`:\n" + "".join(f"  - {label}: {protocol}\n" for label, protocol in by_model.items())
+    return text
+
+
+def _reference_section(references: Sequence[Reference], schema_columns: Sequence[str]) -> str:
+    """The "Reference (not measured here)" block: one row per reference with its source and protocol."""
+    present = {name for reference in references for name in reference.metrics}
+    columns = []
+    for pattern in schema_columns:
+        columns += sorted((n for n in present if re.fullmatch(pattern, n) and n not in columns), key=_natural_key)
+    table = []
+    for reference in references:
+        row: dict[str, object] = {"model": reference.model, "source": reference.source, "protocol": reference.protocol}
+        for column in columns:
+            value = reference.metrics.get(column)
+            row[column] = "" if value is None else _cell(value, reference.stds.get(column))
+        table.append(row)
+    return "\nReference (not measured here; never averaged with the rows above):\n\n" + markdown_table(table)
+
+
+def comparison_markdown(
+    models: Sequence[Model],
+    incomplete: Sequence[Run],
+    columns: Sequence[str],
+    references: Sequence[Reference] = (),
+    schema_columns: Sequence[str] = (),
+) -> str:
+    """The paper's layout: one row per model, the task's columns as ``mean ± std`` over seeds.
+
+    A cell measured under the authors' published protocol of its column group is marked with
+    :data:`PUBLISHED_MARK`; the protocol of each group follows the table (per row where the rows differ), then the
+    references (matched to ``schema_columns``, the report's metric patterns) and the incomplete runs.
+    """
     table = []
     for model in models:
         row: dict[str, object] = {"model": model.label, "seeds": " ".join(str(r.seed) for r in model.runs)}
         for column in columns:
-            row[column] = _cell(*_mean_std([r.metrics[column] for r in model.runs if column in r.metrics]))
+            cell = _cell(*_mean_std([r.metrics[column] for r in model.runs if column in r.metrics]))
+            protocol = model.protocol_of_column(column)
+            published = cell and protocol is not None and protocol.comparable_with_published
+            row[column] = f"{cell} {PUBLISHED_MARK}" if published else cell
         table.append(row)
     text = markdown_table(table) if table else "No complete runs.\n"
+    text += _protocol_section(models, columns)
+    if references:
+        text += _reference_section(references, schema_columns)
     if incomplete:
         text += "\nIncomplete runs (no metrics to show):\n\n"
         text += "".join(f"- `{run.folder}` (seed {run.seed}): {run.reason}\n" for run in incomplete)
@@ -363,6 +529,8 @@ def compare(
     out_dir: str | Path | None = None,
     name: str = "comparison",
     only: Iterable[str | Path] | None = None,
+    *,
+    references: Sequence[str | Path] = (),
 ) -> Path:
     """Collect the runs under ``root`` and write ``<name>.md``, ``.csv`` and ``.png`` into ``out_dir`` (default root).
 
@@ -372,14 +540,18 @@ def compare(
         out_dir: output folder, default ``root``.
         name: file stem of the outputs.
         only: keep just these run folders (training runs, or standalone evaluations), e.g. a demo's own runs.
+        references: CSV files of published numbers (:mod:`kpca.training.references`), shown in a block of their
+            own and as ``reference (<source>)`` rows of the CSV, never averaged with the runs.
 
     Returns:
         The Markdown file.
 
     Raises:
-        ValueError: for an unknown ``task`` or a folder without any run.
+        ValueError: for an unknown ``task``, a folder without any run, or a reference file that does not fit the
+            task's report.
     """
     schema = report_schema(task)
+    reference_rows = read_references(references, schema)
     runs = collect_runs(root, schema)
     if only is not None:
         keep = {Path(folder).resolve() for folder in only}
@@ -389,8 +561,9 @@ def compare(
     models, incomplete = group_runs(runs)
     columns = shown_columns(models, schema)
     out = Path(out_dir) if out_dir is not None else Path(root)
-    markdown = comparison_markdown(models, incomplete, columns)
-    md_path, _ = write_report(comparison_rows(models, incomplete, columns), out, name, markdown=markdown)
+    markdown = comparison_markdown(models, incomplete, columns, reference_rows, schema.columns)
+    rows = comparison_rows(models, incomplete, columns, reference_rows)
+    md_path, _ = write_report(rows, out, name, markdown=markdown)
     if models:
         from matplotlib import pyplot as plt
 
@@ -420,6 +593,8 @@ def _parser() -> argparse.ArgumentParser:
     examples = (
         "examples:\n"
         "  kpca-report runs/ --task vision_cls   writes runs/comparison.md, .csv and .png\n"
+        "  kpca-report runs/ --task vision_cls --reference paper.csv\n"
+        "                                        adds the published numbers of paper.csv as reference rows\n"
         "  kpca-report --task                    lists the installed tasks\n\n"
         f"installed tasks: {', '.join(installed_tasks()) or 'none'}"
     )
@@ -436,6 +611,11 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: ROOT)")
     parser.add_argument("--name", default="comparison", help="file stem of the outputs (default: comparison)")
+    parser.add_argument(
+        "--reference", action="append", type=Path, default=[], metavar="CSV",
+        help="published numbers to show beside the runs, never averaged in (repeatable): a CSV with the columns "
+        "model, source (citation or URL), protocol (e.g. published) and metric columns named as the report's",
+    )  # fmt: skip
     return parser
 
 
@@ -454,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
-        path = compare(args.root, args.task, args.out, args.name)
+        path = compare(args.root, args.task, args.out, args.name, references=args.reference)
     except ValueError as error:
         parser.error(str(error))
     sys.stdout.write(path.read_text(encoding="utf-8"))

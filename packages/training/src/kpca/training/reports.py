@@ -1,7 +1,8 @@
 """Result tables: one list of rows written as Markdown and CSV with the same columns, atomically.
 
 An app's evaluation report is also described by a :class:`ReportSchema`, declared next to its writer and
-registered under the ``kpca.reports`` entry points, through which ``kpca-report`` finds and reads it.
+registered under the ``kpca.reports`` entry points, through which ``kpca-report`` finds and reads it; the schema also
+carries the protocol rules of the report's column groups (:mod:`kpca.training.protocols`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import io
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kpca.training.files import write_atomic
+from kpca.training.protocols import Protocol, ProtocolRules, protocol_of
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +45,15 @@ class ReportSchema:
             pattern in natural order, e.g. attack radii ascending).
         name_setting: the dotted config key whose value, when a run sets it, replaces ``stem`` (e.g.
             ``model.evaluator.report_name``); None when the name is fixed.
+        protocols: the :class:`~kpca.training.protocols.ProtocolRule` of each column group of the report (clean,
+            corrupted, each attack, ...), or the function giving them for a run's config; () declares none.
     """
 
     stem: str
     read: Callable[[Path], dict[str, float]]
     columns: tuple[str, ...]
     name_setting: str | None = None
+    protocols: ProtocolRules = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.stem, str) or not _REPORT_NAME.fullmatch(self.stem):
@@ -58,6 +63,18 @@ class ReportSchema:
                 re.compile(pattern)
             except re.error as error:
                 raise ValueError(f"ReportSchema pattern {pattern!r} is not a regular expression: {error}") from error
+
+    def protocol_of(self, config: Mapping, metrics: Iterable[str] | None = None) -> dict[str, Protocol]:
+        """The protocol of each column group of a run with this saved ``config.yaml`` (:func:`protocol_of`).
+
+        Args:
+            config: the run's config as LightningCLI saved it (the test run's).
+            metrics: the run's report metrics, when known: only the groups with one of them are returned.
+
+        Returns:
+            group -> :class:`~kpca.training.protocols.Protocol`: ``published``, or ours with the differences.
+        """
+        return protocol_of(config, self.protocols, metrics)
 
 
 def markdown_table(rows: Sequence[Mapping[str, object]]) -> str:

@@ -1,0 +1,87 @@
+"""Protocol provenance of the perplexity report: the rules against the shipped configs, and what ``test`` records.
+
+The shipped combinations come from the CLI's own ``--print_config`` (the config a run saves).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kpca.language_model.cli import main
+from kpca.language_model.perplexity import CJK_WORD_SPLIT, PERPLEXITY_REPORT, write_perplexity_report
+from tests.cli_support import CONFIGS, run_cli
+
+GPU = CONFIGS / "trainer" / "gpu_1x_bf16.yaml"
+PUBLISHED = sorted((CONFIGS / "language_model").glob("*_published.yaml"))
+OURS = sorted(set((CONFIGS / "language_model").glob("lm-*.yaml")) - set(PUBLISHED))
+METRICS = ["valid/ppl", "valid_wordswap/ppl", "test/ppl", "test_wordswap/ppl"]
+
+
+def printed_config(capsys: pytest.CaptureFixture, experiment: Path) -> dict:
+    """The config ``language-model test`` saves with the GPU trainer file and ``experiment``."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, "language-model", "test", "-c", GPU, "-c", experiment, "--print_config")
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 0, printed.err
+    return yaml.safe_load(printed.out)
+
+
+def texts(config: dict) -> dict[str, str]:
+    return {group: protocol.text for group, protocol in PERPLEXITY_REPORT.protocol_of(config, METRICS).items()}
+
+
+def test_the_shipped_configs_include_published_ones_and_ours():
+    assert PUBLISHED and OURS and not set(PUBLISHED) & set(OURS)
+
+
+@pytest.mark.parametrize("experiment", PUBLISHED, ids=lambda path: path.stem)
+def test_the_published_configs_measure_clean_perplexity_as_the_authors(experiment: Path, capsys):
+    assert texts(printed_config(capsys, experiment)) == {
+        "clean": "published",
+        "word_swap": f"ours: {CJK_WORD_SPLIT}",  # the one difference no setting removes: never published
+    }
+
+
+@pytest.mark.parametrize("experiment", OURS, ids=lambda path: path.stem)
+def test_our_configs_name_each_difference(experiment: Path, capsys):
+    window = (
+        "text_files=raw (published: tokens); tokenizer=sentencepiece (published: word); "
+        "eval_stride=128 (published: 1); score_first_token=true (published: false)"
+    )
+    assert texts(printed_config(capsys, experiment)) == {
+        "clean": f"ours: {window}",
+        "word_swap": f"ours: {window}; word_swap=uniform (published: textattack); {CJK_WORD_SPLIT}",
+    }
+
+
+def rows() -> list[dict]:
+    row = {"tokens": 10, "words": 8, "nll_token": 1.0, "ppl_token": 2.7, "ppl_word": 3.5, "complete": True}
+    return [{"set": "valid", **row}, {"set": "valid_wordswap", **row, "ppl_word": 4.0}]
+
+
+def test_the_report_records_the_protocol_of_the_config_saved_beside_it(tmp_path: Path):
+    config = yaml.safe_load(PUBLISHED[0].read_text())
+    config["trainer"] |= {"limit_test_batches": None, "fast_dev_run": False}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    write_perplexity_report(rows(), tmp_path)
+    record = json.loads((tmp_path / "protocol.json").read_text())
+    assert record["clean"] == {"protocol": "published", "comparable_with_published": True, "differences": []}
+    assert record["word_swap"]["comparable_with_published"] is False
+    assert record["word_swap"]["differences"] == [CJK_WORD_SPLIT]
+    markdown = (tmp_path / "perplexity.md").read_text()
+    assert markdown.startswith("| set | tokens |") and "## Protocol" in markdown
+    assert "- `clean`: published\n" in markdown and f"- `word_swap`: ours: {CJK_WORD_SPLIT}\n" in markdown
+    assert (tmp_path / "perplexity.csv").read_text().splitlines()[0].startswith("set,tokens,words,")
+
+
+def test_a_null_eval_stride_is_named_by_what_it_means():
+    config = {"data": {"eval_stride": None}}
+    assert PERPLEXITY_REPORT.protocol_of(config)["clean"].differences[4] == "eval_stride=context / 2 (published: 1)"
+
+
+def test_a_report_without_a_saved_config_says_its_protocol_is_not_recorded(tmp_path: Path):
+    write_perplexity_report(rows(), tmp_path)
+    assert not (tmp_path / "protocol.json").exists()
+    assert f"Not recorded: {tmp_path} holds no config.yaml" in (tmp_path / "perplexity.md").read_text()
