@@ -92,7 +92,7 @@ def finish_test(plan: Plan, run, kind: str, best: Path, clean: float) -> None:
         writer = csv.DictWriter(stream, fieldnames=["metric", "value", "n"])
         writer.writeheader()
         writer.writerows(rows)
-    (folder / "robustness.md").write_text("| metric | value |\n")
+    (folder / "robustness.md").write_text(f"| metric | value |\n| clean/acc1 | {clean} |\n\n## Protocol\n")
     (run.folder / "test.done").write_text("{}")
 
 
@@ -134,7 +134,11 @@ def test_a_finished_plan_reports_the_comparison_headlines_and_merged_kernel_pca(
     assert "What the data shows (mean ± std over 2 seeds):" in text
     assert "- clean accuracy: SymViT 0.9100 ± 0.0141, RPC-SymViT 0.8200 ± 0.0283 (SymViT higher by 0.0900)" in text
     assert "- attacked accuracy: SymViT 0.6100 ± 0.0141, RPC-SymViT 0.5200 ± 0.0283 (SymViT higher by 0.0900)" in text
-    assert "- SymViT, seed 1: [sym/seed1/test/robustness.md](sym/seed1/test/robustness.md)" in text
+    own = text.split("## Each run's own evaluation\n")[1].split("## Kernel-PCA")[0]
+    first_seed = "### SymViT, seed 0 ([sym/seed0/test/robustness.md](sym/seed0/test/robustness.md))\n\n"
+    assert f"{first_seed}| metric | value |\n| clean/acc1 | 0.9 |\n\n#### Protocol\n" in own  # headings demoted
+    assert "### RPC-SymViT, seed 0 (" in own and "seed 1 (" not in own
+    assert "- SymViT, seed 1: [sym/seed1/test/robustness.md](sym/seed1/test/robustness.md)" in own
     section = text.split("## Kernel-PCA diagnostics\n")[1]
     assert "The analyze step (`--samples=4`) on the best checkpoint of seed 0 of each run." in section
     merged = [line.split("|")[1:4] for line in section.splitlines() if "vit.blocks" in line]

@@ -4,9 +4,10 @@
 (:func:`kpca.training.experiment.status.status_markdown`) and whatever results exist so far; the ``kpca-report``
 comparison of the plan's runs (:func:`kpca.training.compare.compare`: ``comparison.{md,csv,png}``, one row per
 model, mean ± std over seeds); the headlines (each a mean over metric regexes, mean ± std over seeds, and which run
-is higher by how much); links to each run's own evaluation report; the merged kernel-PCA tables of the ``analyze``
-steps (``kernel_pca.{md,csv,png}``, the first seed of each run) when the plan asks for them; and the text samples
-of ``predict`` steps that write ``predictions.jsonl`` (the language model's). Figures are PNG files next to it.
+is higher by how much); each run's own evaluation report (the first seed's in full, the others linked); the
+merged kernel-PCA tables of the ``analyze`` steps (``kernel_pca.{md,csv,png}``, the first seed of each run) when the
+plan asks for them; and the text samples of ``predict`` steps that write ``predictions.jsonl`` (the language
+model's). Figures are PNG files next to it.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def write_plan_report(plan: Plan) -> Path:
     runs = plan_runs(plan, schema)
     metrics = {planned: run.metrics for planned, run in runs.items() if run.metrics is not None}
     sections = [f"# {spec.title}\n", status_section(plan), comparison_section(plan, spec.task, runs)]
-    sections += [headlines_markdown(spec.headlines, plan, metrics), evaluation_links(plan, schema, runs)]
+    sections += [headlines_markdown(spec.headlines, plan, metrics), evaluation_section(plan, schema, runs)]
     if spec.kernel_pca:
         sections.append(kernel_pca_section(plan))
     sections.append(samples_section(plan))
@@ -194,21 +195,44 @@ def headlines_markdown(
     return "\n".join(lines) + "\n"
 
 
-def evaluation_links(plan: Plan, schema: ReportSchema, runs: Mapping[PlannedRun, Run]) -> str:
-    """Links to each run and seed's own evaluation report (every metric, e.g. per corruption); "" when none exist."""
-    links = []
+def evaluation_section(plan: Plan, schema: ReportSchema, runs: Mapping[PlannedRun, Run]) -> str:
+    """Each run's own evaluation report (every metric, e.g. per corruption); "" when none exists yet.
+
+    The first seed's are shown in full, the other seeds' linked.
+    """
+    first = set(first_seed_runs(plan))
+    shown, links = [], []
     for planned, run in runs.items():
-        if run.evaluation is None:
+        report = own_report(run, schema)
+        if report is None:
             continue
-        config = yaml.safe_load((run.evaluation / "config.yaml").read_text(encoding="utf-8"))
-        stem, _ = report_stem(config if isinstance(config, dict) else {}, schema)
-        report = run.evaluation / f"{stem}.md"
-        if report.is_file():
-            target = relative_link(report, plan)
+        target = relative_link(report, plan)
+        if planned in first:
+            shown.append(f"### {planned.label}, seed {planned.seed} ([{target}]({target}))\n\n{demoted(report)}")
+        else:
             links.append(f"- {planned.label}, seed {planned.seed}: [{target}]({target})")
-    if not links:
+    if not shown and not links:
         return ""
-    return "Each run's own evaluation report:\n\n" + "\n".join(links) + "\n"
+    text = "## Each run's own evaluation\n\n" + "\n".join(shown)
+    if links:
+        text += "\nThe other seeds' reports:\n\n" + "\n".join(links) + "\n"
+    return text
+
+
+def own_report(run: Run, schema: ReportSchema) -> Path | None:
+    """The Markdown report of ``run``'s newest evaluation (the stem its config names), None when there is none."""
+    if run.evaluation is None:
+        return None
+    config = yaml.safe_load((run.evaluation / "config.yaml").read_text(encoding="utf-8"))
+    stem, _ = report_stem(config if isinstance(config, dict) else {}, schema)
+    report = run.evaluation / f"{stem}.md"
+    return report if report.is_file() else None
+
+
+def demoted(report: Path) -> str:
+    """The text of a Markdown report with its headings two levels down, to sit under a run's heading."""
+    lines = report.read_text(encoding="utf-8").splitlines()
+    return "\n".join(f"##{line}" if line.startswith("#") else line for line in lines) + "\n"
 
 
 def first_seed_runs(plan: Plan) -> list[PlannedRun]:
