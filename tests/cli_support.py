@@ -12,6 +12,7 @@ from unittest import mock
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -27,6 +28,15 @@ def run_cli(main: Callable, prog: str, *args: object):
     """
     with mock.patch.object(sys, "argv", [prog]), mock.patch.dict(os.environ):
         return main([str(arg) for arg in args])
+
+
+def printed_config(capsys: pytest.CaptureFixture, main: Callable, prog: str, *options: object) -> dict:
+    """The config ``prog test`` would save with ``options`` (its ``--print_config``, parsed)."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, prog, "test", *options, "--print_config")
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 0, printed.err
+    return yaml.safe_load(printed.out)
 
 
 def smoke_options(smoke: Path, root: Path, cache: Path, *extra: object) -> list[object]:

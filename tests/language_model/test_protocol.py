@@ -11,21 +11,12 @@ import yaml
 
 from kpca.language_model.cli import main
 from kpca.language_model.perplexity import CJK_WORD_SPLIT, PERPLEXITY_REPORT, write_perplexity_report
-from tests.cli_support import CONFIGS, run_cli
+from tests.cli_support import CONFIGS, printed_config
 
 GPU = CONFIGS / "trainer" / "gpu_1x_bf16.yaml"
 PUBLISHED = sorted((CONFIGS / "language_model").glob("*_published.yaml"))
 OURS = sorted(set((CONFIGS / "language_model").glob("lm-*.yaml")) - set(PUBLISHED))
 METRICS = ["valid/ppl", "valid_wordswap/ppl", "test/ppl", "test_wordswap/ppl"]
-
-
-def printed_config(capsys: pytest.CaptureFixture, experiment: Path) -> dict:
-    """The config ``language-model test`` saves with the GPU trainer file and ``experiment``."""
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(main, "language-model", "test", "-c", GPU, "-c", experiment, "--print_config")
-    printed = capsys.readouterr()
-    assert exit_info.value.code == 0, printed.err
-    return yaml.safe_load(printed.out)
 
 
 def texts(config: dict) -> dict[str, str]:
@@ -38,7 +29,7 @@ def test_the_shipped_configs_include_published_ones_and_ours():
 
 @pytest.mark.parametrize("experiment", PUBLISHED, ids=lambda path: path.stem)
 def test_the_published_configs_measure_clean_perplexity_as_the_authors(experiment: Path, capsys):
-    assert texts(printed_config(capsys, experiment)) == {
+    assert texts(printed_config(capsys, main, "language-model", "-c", GPU, "-c", experiment)) == {
         "clean": "published",
         "word_swap": f"ours: {CJK_WORD_SPLIT}",  # the one difference no setting removes: never published
     }
@@ -50,7 +41,7 @@ def test_our_configs_name_each_difference(experiment: Path, capsys):
         "text_files=raw (published: tokens); tokenizer=sentencepiece (published: word); "
         "eval_stride=128 (published: 1); score_first_token=true (published: false)"
     )
-    assert texts(printed_config(capsys, experiment)) == {
+    assert texts(printed_config(capsys, main, "language-model", "-c", GPU, "-c", experiment)) == {
         "clean": f"ours: {window}",
         "word_swap": f"ours: {window}; word_swap=uniform (published: textattack); {CJK_WORD_SPLIT}",
     }

@@ -18,7 +18,7 @@ from kpca.segmentation.evaluation import (
     SEGMENTATION_REPORT,
     write_reports,
 )
-from tests.cli_support import CONFIGS, run_cli
+from tests.cli_support import CONFIGS, printed_config
 
 pytestmark = pytest.mark.mmseg
 
@@ -27,22 +27,15 @@ ADE20K = sorted((CONFIGS / "segmentation").glob("segmenter-*_ade20k-512.yaml"))
 METRICS = ["clean/mIoU", "corrupted/mIoU"]
 
 
-def printed_config(capsys: pytest.CaptureFixture, *options: object) -> dict:
-    """The config ``segmentation test`` saves with ``options`` (``--print_config``)."""
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(main, "segmentation", "test", *options, "--print_config")
-    printed = capsys.readouterr()
-    assert exit_info.value.code == 0, printed.err
-    return yaml.safe_load(printed.out)
-
-
 def differences(config: dict) -> dict[str, tuple[str, ...]]:
     return {group: p.differences for group, p in SEGMENTATION_REPORT.protocol_of(config, METRICS).items()}
 
 
 @pytest.mark.parametrize("experiment", ADE20K, ids=lambda path: path.stem)
 def test_the_elliptical_preset_leaves_only_the_differences_no_setting_removes(experiment: Path, capsys):
-    config = printed_config(capsys, "-c", GPU, "-c", experiment, "--data.corruption_preset=elliptical")
+    config = printed_config(
+        capsys, main, "segmentation", "-c", GPU, "-c", experiment, "--data.corruption_preset=elliptical"
+    )
     assert differences(config) == {
         "clean": (KEEP_RATIO_RESIZE,),
         "corrupted": (KEEP_RATIO_RESIZE, ON_THE_FLY_CORRUPTIONS),
@@ -50,7 +43,7 @@ def test_the_elliptical_preset_leaves_only_the_differences_no_setting_removes(ex
 
 
 def test_the_default_preset_is_named_as_a_difference(capsys):
-    config = printed_config(capsys, "-c", GPU, "-c", ADE20K[0])
+    config = printed_config(capsys, main, "segmentation", "-c", GPU, "-c", ADE20K[0])
     assert differences(config)["corrupted"] == (
         "corruption_preset=imagenet-c (published: elliptical)",
         KEEP_RATIO_RESIZE,

@@ -11,14 +11,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from kpca.training.compare import main as kpca_report
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.evaluation import ON_THE_FLY_CORRUPTIONS, ROBUSTNESS_REPORT
-from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
+from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, printed_config, run_cli, smoke_options
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 GPU = CONFIGS / "trainer" / "gpu_1x_bf16.yaml"
@@ -33,15 +32,6 @@ METRICS = [
 """A metric of every group the shipped configs can give."""
 
 
-def printed_config(capsys: pytest.CaptureFixture, *options: object) -> dict:
-    """The config ``vision-cls test`` would save with ``options`` (``--print_config``)."""
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(main, "vision-cls", "test", *options, "--print_config")
-    printed = capsys.readouterr()
-    assert exit_info.value.code == 0, printed.err
-    return yaml.safe_load(printed.out)
-
-
 def texts(config: dict) -> dict[str, str]:
     return {group: protocol.text for group, protocol in ROBUSTNESS_REPORT.protocol_of(config, METRICS).items()}
 
@@ -49,7 +39,16 @@ def texts(config: dict) -> dict[str, str]:
 @pytest.mark.parametrize("experiment", IMAGENET_CONFIGS, ids=lambda path: path.stem)
 def test_the_one_command_published_evaluation_is_published_in_every_group_but_the_proxy(experiment, capsys):
     config = printed_config(
-        capsys, "-c", GPU, "-c", experiment, "-c", ATTACKS / "published.yaml", "--trainer.precision=32-true"
+        capsys,
+        main,
+        "vision-cls",
+        "-c",
+        GPU,
+        "-c",
+        experiment,
+        "-c",
+        ATTACKS / "published.yaml",
+        "--trainer.precision=32-true",
     )
     protocols = texts(config)
     assert protocols.pop("corrupted") == f"ours: {ON_THE_FLY_CORRUPTIONS}"  # never the benchmark
@@ -63,7 +62,9 @@ def test_the_one_command_published_evaluation_is_published_in_every_group_but_th
 def test_the_defaults_name_each_difference_from_the_authors_protocol(capsys):
     experiment = CONFIGS / "vision_cls" / "deit-tiny_rpc_8xb128-300e_imagenet-224.yaml"
     bf16 = "precision=bf16-mixed (published: 16-mixed or 32-true)"
-    protocols = texts(printed_config(capsys, "-c", GPU, "-c", experiment, "-c", ATTACKS / "pixel.yaml"))
+    protocols = texts(
+        printed_config(capsys, main, "vision-cls", "-c", GPU, "-c", experiment, "-c", ATTACKS / "pixel.yaml")
+    )
     assert protocols["clean"] == protocols["imagenet_c"] == f"ours: {bf16}"
     assert protocols["imagenet_a"] == "ours: precision=bf16-mixed (published: 32-true)"
     pixel = "space=pixel (published: reference); labels=ground_truth (published: predicted)"
@@ -74,7 +75,9 @@ def test_the_defaults_name_each_difference_from_the_authors_protocol(capsys):
 
 
 def test_a_partial_imagenet_c_is_not_the_published_mean(capsys):
-    config = printed_config(capsys, "-c", CPU, "-c", IMAGENET_CONFIGS[0], "--data.severities=[1, 2]")
+    config = printed_config(
+        capsys, main, "vision-cls", "-c", CPU, "-c", IMAGENET_CONFIGS[0], "--data.severities=[1, 2]"
+    )
     (protocol,) = ROBUSTNESS_REPORT.protocol_of(config, ["imagenet_c/mean_acc1"]).values()
     assert protocol.differences == (
         "severities=[1, 2] (published: [1, 2, 3, 4, 5])",
