@@ -26,7 +26,11 @@ def test_demo_plan_end_to_end_on_a_tiny_budget(tmp_path: Path, digits_cache_dir:
         ],
     )  # fmt: skip
     assert text.startswith("# SymViT vs RPC-SymViT on the built-in digits\n") and "## Status" not in text
-    comparison, _, kernel_pca = text.partition("## Kernel-PCA diagnostics")
+    comparison, _, rest = text.partition("## Each run's own evaluation")
+    own, _, kernel_pca = rest.partition("## Kernel-PCA diagnostics")
+    for label, kind in zip(LABELS, ("symmetric", "rpc"), strict=True):  # seed 0's report in full, every metric
+        section = own.split(f"### {label}, seed 0 ([{kind}/seed0/test/robustness.md]")[1].split("### ")[0]
+        assert "| clean/acc1 |" in section and "| corrupted/gaussian_noise/s1/acc1 |" in section, section
     assert "## Results (`kpca-report" in comparison and "![comparison](comparison.png)" in comparison
     rows = [line.split("|")[1:-1] for line in comparison.splitlines() if line.startswith("| ")]
     header = [cell.strip() for cell in rows[0]]
