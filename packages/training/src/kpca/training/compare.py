@@ -82,6 +82,8 @@ class Run:
     config: dict
     metrics: dict[str, float] | None = None
     evaluation: Path | None = None
+    report: Path | None = None
+    """The evaluation's report CSV (``<stem>.csv`` in :attr:`evaluation`, the stem its config names)."""
     reason: str = ""
     """Why the run has no metrics (set by :func:`collect_runs`)."""
     evaluation_key: str = ""
@@ -284,11 +286,13 @@ def collect_runs(root: str | Path, schema: ReportSchema) -> list[Run]:
         protocols = schema.protocol_of(config, metrics)
         key = _evaluation_key(config, protocols, schema)
         if linked is None:
-            standalone.append(Run(folder, config, metrics, folder, evaluation_key=key, protocols=protocols))
+            standalone.append(Run(folder, config, metrics, folder, report, evaluation_key=key, protocols=protocols))
         else:
             runs = evaluated.setdefault(linked.folder.resolve(), {})
             runs.pop(key, None)  # the newest evaluation with these settings replaces an older one, and goes last
-            runs[key] = Run(linked.folder, linked.config, metrics, folder, evaluation_key=key, protocols=protocols)
+            runs[key] = Run(
+                linked.folder, linked.config, metrics, folder, report, evaluation_key=key, protocols=protocols
+            )
     collected = []
     for key, run in training.items():
         if key in evaluated:

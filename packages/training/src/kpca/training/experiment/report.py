@@ -21,10 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from kpca.training.analysis import analysis_markdown, read_analysis, write_analysis
-from kpca.training.compare import Run, collect_runs, compare, report_schema, report_stem
+from kpca.training.compare import Run, collect_runs, compare, report_schema
 from kpca.training.experiment.plan import Plan, PlanError, PlannedRun, step_folder
 from kpca.training.experiment.status import status_markdown, step_states
 from kpca.training.files import write_atomic
@@ -84,7 +82,7 @@ def write_plan_report(plan: Plan) -> Path:
     runs = plan_runs(plan, schema)
     metrics = {planned: run.metrics for planned, run in runs.items() if run.metrics is not None}
     sections = [f"# {spec.title}\n", status_section(plan), comparison_section(plan, spec.task, runs)]
-    sections += [headlines_markdown(spec.headlines, plan, metrics), evaluation_section(plan, schema, runs)]
+    sections += [headlines_markdown(spec.headlines, plan, metrics), evaluation_section(plan, runs)]
     if spec.kernel_pca:
         sections.append(kernel_pca_section(plan))
     sections.append(samples_section(plan))
@@ -195,7 +193,7 @@ def headlines_markdown(
     return "\n".join(lines) + "\n"
 
 
-def evaluation_section(plan: Plan, schema: ReportSchema, runs: Mapping[PlannedRun, Run]) -> str:
+def evaluation_section(plan: Plan, runs: Mapping[PlannedRun, Run]) -> str:
     """Each run's own evaluation report (every metric, e.g. per corruption); "" when none exists yet.
 
     The first seed's are shown in full, the other seeds' linked.
@@ -203,7 +201,7 @@ def evaluation_section(plan: Plan, schema: ReportSchema, runs: Mapping[PlannedRu
     first = set(first_seed_runs(plan))
     shown, links = [], []
     for planned, run in runs.items():
-        report = own_report(run, schema)
+        report = own_report(run)
         if report is None:
             continue
         target = relative_link(report, plan)
@@ -219,13 +217,11 @@ def evaluation_section(plan: Plan, schema: ReportSchema, runs: Mapping[PlannedRu
     return text
 
 
-def own_report(run: Run, schema: ReportSchema) -> Path | None:
-    """The Markdown report of ``run``'s newest evaluation (the stem its config names), None when there is none."""
-    if run.evaluation is None:
+def own_report(run: Run) -> Path | None:
+    """The Markdown report of ``run``'s newest evaluation (beside its CSV), None when there is none."""
+    if run.report is None:
         return None
-    config = yaml.safe_load((run.evaluation / "config.yaml").read_text(encoding="utf-8"))
-    stem, _ = report_stem(config if isinstance(config, dict) else {}, schema)
-    report = run.evaluation / f"{stem}.md"
+    report = run.report.with_suffix(".md")
     return report if report.is_file() else None
 
 
