@@ -4,8 +4,14 @@ Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into
 scaled-attention variants are modules too; its kernel-PCA diagnostics are ``kpca.attention.kernel_pca``. The
 project's ViTs (timm's DeiT sizes with any attention, in timm's registry, and DeiT <-> SymViT / RPC weights) are
 ``kpca.attention.vit``, imported explicitly: it needs timm (the ``timm`` extra), which this package does not.
+
+torch older than 2.11, the oldest release the tests run on, is refused at import with the fix in the message
+(``KPCA_ALLOW_UNTESTED_TORCH=1`` imports anyway).
 """
 
+from kpca.attention import _torch_version  # noqa: F401 (first: refuses a torch older than the floor)
+
+# isort: split
 from kpca.attention._backend import get_backend, set_backend, use_backend
 from kpca.attention.functional import RPCState, pap_mu, rpc_attention, softmax_attention
 from kpca.attention.layout import convert_qkv_rows, is_symmetric_qkv

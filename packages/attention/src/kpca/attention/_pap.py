@@ -11,6 +11,12 @@ float64); the cleaned keys come back in the dtype of K for the SDPA call.
 A chain of plain autograd ops would save several (B, H, N, D) float tensors per iteration; these
 Functions save only ``sign(X) * [|X| > tau]`` as int8, which is all the backward needs because
 every other step is linear.
+
+Under ``torch.compile`` on torch 2.11, AOTAutograd traced these Functions into graphs that dropped gradients (the
+keys' gradient all zero, the values' 0.4-0.9 off; an upstream issue of the same shape is pytorch/pytorch#180642)
+while their forward wrote an intermediate in place and returned an output made by a no-op ``.to(dtype)``. Either
+alone still broke them; so no forward here writes in place and no output is such an alias. ``make test-compat``
+checks it on torch 2.11; other releases are right with or without it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ L1_EPS = 1e-12
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``: ``t`` itself when it has that dtype, never a no-op ``t.to(dtype)`` (see the module notes)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def pap_mu(
@@ -59,7 +70,7 @@ def pap_mu(
 
 
 def shrink_with_sign(x: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Soft threshold of ``x`` at ``tau``, computed in place in ``x`` (which it consumes).
+    """Soft threshold of ``x`` at ``tau``.
 
     Returns:
         ``(shrink(x), clamp(x, -tau, tau), sign)`` where ``shrink(x) = sign(x) max(|x| - tau, 0)``
@@ -67,7 +78,7 @@ def shrink_with_sign(x: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, 
     """
     sign = (x > tau).to(torch.int8) - (x < -tau).to(torch.int8)  # (B, H, N, D)
     clamped = torch.clamp(x, min=-tau, max=tau)  # (B, H, N, D)
-    return x.sub_(clamped), clamped, sign
+    return x - clamped, clamped, sign
 
 
 def _shrink_backward(
@@ -95,10 +106,10 @@ class PapFirst(Function):
     @staticmethod
     def forward(ctx, k: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.set_materialize_grads(False)
-        s, clamped, sign = shrink_with_sign(k.to(_compute_dtype(k), copy=True), tau)
+        s, clamped, sign = shrink_with_sign(k.to(_compute_dtype(k)), tau)
         ctx.save_for_backward(sign)
         ctx.meta = (k.dtype, _compute_dtype(k), tau.shape)
-        return s, clamped.to(k.dtype)
+        return s, _cast(clamped, k.dtype)
 
     @staticmethod
     def backward(ctx, grad_s: torch.Tensor | None, grad_kt: torch.Tensor | None):
@@ -128,11 +139,11 @@ class PapStep(Function):
         dtype = _compute_dtype(k)
         kf = k.to(dtype)
         k_minus_l = kf - l.to(dtype)  # (B, H, N, D)
-        z_new = k_minus_l - s if z is None else (k_minus_l - s).add_(z)
-        s_new, _, sign = shrink_with_sign(k_minus_l.add_(z_new), tau)
+        z_new = k_minus_l - s if z is None else (k_minus_l - s) + z
+        s_new, _, sign = shrink_with_sign(k_minus_l + z_new, tau)
         ctx.save_for_backward(sign)
         ctx.meta = (k.dtype, l.dtype, dtype, tau.shape, z is None)
-        return z_new, s_new, (kf - s_new).sub_(z_new).to(k.dtype)
+        return z_new, s_new, _cast((kf - s_new) - z_new, k.dtype)
 
     @staticmethod
     def backward(ctx, grad_z_new, grad_s_new, grad_kt):
