@@ -43,6 +43,11 @@ def _padding(b, n, device):
     return padding
 
 
+def _random_padding(k):
+    """A random (B, N) bool padding mask for keys (B, H, N, D), about 30 % padded."""
+    return torch.rand(k.shape[0], k.shape[2], device=k.device) > 0.7
+
+
 def _grads(outputs, inputs, used):
     """Gradients of a weighted sum of the ``used`` outputs (the others get no gradient at all)."""
     gen = torch.Generator().manual_seed(1)
@@ -117,6 +122,99 @@ def test_pap_mu_scans_across_blocks(device):
         torch.testing.assert_close(mu, mu_pt)
         weights = torch.randn(mu.shape, device=device)
         torch.testing.assert_close(*(torch.autograd.grad((m * weights).sum(), k)[0] for m in (mu, mu_pt)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("convention", ["reference", "pcp"])
+def test_pap_tau_matches_torch(device, is_causal, padded, convention):
+    """tau = lambd * mu (reference) or lambd / mu (pcp) out of the mu kernel, one per row, and its gradient to K."""
+    b, h, n, d, lambd = 3, 2, 9, 3, 0.7
+    k = torch.randn(b, n, h, d, device=device).transpose(1, 2).requires_grad_()
+    padding = _padding(b, n, device) if padded else None
+    pcp = convention == "pcp"
+    tau = ops.pap_tau(k, 12, lambd, pcp=pcp, key_padding_mask=padding, is_causal=is_causal)
+    mu_pt = pap_mu(k, 12, key_padding_mask=padding, is_causal=is_causal)
+    tau_pt = (lambd / mu_pt if pcp else lambd * mu_pt).expand(b, h, n, 1)  # (B, H, N, 1)
+    assert tau.dtype == torch.float32 and tau.shape == (b, h, n, 1)
+    torch.testing.assert_close(tau, tau_pt)
+    weights = torch.randn(tau.shape, device=device)
+    (grad,), (grad_pt,) = (torch.autograd.grad((t * weights).sum(), k) for t in (tau, tau_pt))
+    torch.testing.assert_close(grad, grad_pt)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("convention", ["reference", "pcp"])
+def test_pap_tau_per_row_gradients_sum_across_blocks(device, convention):
+    """N = 300, more than one scan block: the mu backward sums the per-row tau gradients over every block."""
+    k = torch.randn(1, 2, 300, 2, device=device, requires_grad=True)
+    pcp = convention == "pcp"
+    tau = ops.pap_tau(k, 4, 2.0, pcp=pcp)
+    mu_pt = pap_mu(k, 4)
+    tau_pt = (2.0 / mu_pt if pcp else 2.0 * mu_pt).expand_as(tau)
+    torch.testing.assert_close(tau, tau_pt)
+    weights = torch.randn(tau.shape, device=device)
+    torch.testing.assert_close(*(torch.autograd.grad((t * weights).sum(), k)[0] for t in (tau, tau_pt)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_reads_strided_kt_gradients(device, dtype):
+    """SDPA's gradients are (B, N, H, D) in memory: the backward kernels read them with their strides, no copy."""
+    b, h, n, d = 2, 3, 5, 4
+    k = torch.randn(b, h, n, d, device=device).to(dtype).requires_grad_()
+    l = torch.randn(b, h, n, d, device=device).to(dtype).requires_grad_()  # noqa: E741
+    s = torch.randn(b, h, n, d, device=device).requires_grad_()
+    tau = _tau(b, h, n, True, device)
+    grad_kt = torch.randn(b, n, h, d, device=device).to(dtype).transpose(1, 2)  # (B, H, N, D), not contiguous
+    for fn, fn_pt, inputs in (
+        (ops.pap_first, PapFirst.apply, (k, tau)),
+        (ops.pap_step, PapStep.apply, (k, tau, l, None, s)),
+    ):
+        differentiable = tuple(t for t in inputs if t is not None)
+        kt, kt_pt = fn(*inputs)[-1], fn_pt(*inputs)[-1]
+        grads = torch.autograd.grad(kt, differentiable, grad_kt)
+        grads_pt = torch.autograd.grad(kt_pt, differentiable, grad_kt)
+        for i, (g, g_pt) in enumerate(zip(grads, grads_pt, strict=True)):
+            if i == 1:  # tau: per-row sums, in another order than torch's
+                torch.testing.assert_close(g, g_pt)
+            else:
+                _assert_same(g, g_pt)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("convention", ["reference", "pcp"])
+def test_eager_path_matches_the_custom_ops_bitwise(device, is_causal, convention, monkeypatch):
+    """Eager calls take autograd Functions, traced ones the custom ops: the same launches, the same bits."""
+    k = torch.randn(2, 5, 3, 4, device=device).transpose(1, 2).requires_grad_()
+    v = torch.randn(2, 3, 5, 4, device=device, requires_grad=True)
+    padding = _padding(2, 5, device)
+    weights = torch.randn(2, 3, 5, 4, device=device)
+
+    def run():
+        out = rpc_attention(k, v, n_iter=3, lambd=0.3, is_causal=is_causal, key_padding_mask=padding,
+                            convention=convention, backend="triton")  # fmt: skip
+        assert out.grad_fn is not None
+        return [out, *torch.autograd.grad((out * weights).sum(), (k, v))]
+
+    eager = run()
+    monkeypatch.setattr(ops, "_eager", lambda *tensors: False)
+    traced = run()
+    for a, e in zip(traced, eager, strict=True):
+        assert torch.equal(a, e)
+
+
+def test_eager_dispatch_takes_plain_tensors_only():
+    """Fake tensors (torch.compile, export, opcheck) and torch.func transforms go through the custom ops."""
+    k = torch.randn(1, 1, 2, 2)
+    assert ops._eager(k, None) and ops._eager(torch.nn.Parameter(k))
+    with torch._subclasses.fake_tensor.FakeTensorMode() as fake_mode:
+        assert not ops._eager(fake_mode.from_tensor(k))
+    seen = []
+    torch.func.vmap(lambda t: seen.append(ops._eager(t)) or t)(k)
+    assert seen == [False]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -261,10 +359,12 @@ def test_nan_and_inf_match_torch(device):
         (ops.pap_first_op, lambda k, tau: (k, tau)),
         (ops.pap_step_op, lambda k, tau: (k, tau, torch.randn_like(k), torch.randn_like(k), torch.randn_like(k))),
         (ops.pap_step_op, lambda k, tau: (k, tau, torch.randn_like(k), None, torch.randn_like(k))),
-        (ops.pap_mu_op, lambda k, tau: (k, torch.rand(k.shape[0], k.shape[2], device=k.device) > 0.7, 8, True, 1e-12)),
+        (ops.pap_mu_op, lambda k, tau: (k, _random_padding(k), 8, True, 1e-12)),
         (ops.pap_mu_op, lambda k, tau: (k, None, 8, False, 1e-12)),
+        (ops.pap_mu_op, lambda k, tau: (k, None, 8, False, 1e-12, 0.5, False, True)),  # tau per row
+        (ops.pap_mu_op, lambda k, tau: (k, _random_padding(k), 8, True, 1e-12, 0.5, True, True)),
     ],
-    ids=["pap_first", "pap_step", "pap_step_no_z", "pap_mu_causal_padded", "pap_mu"],
+    ids=["pap_first", "pap_step", "pap_step_no_z", "pap_mu_causal_padded", "pap_mu", "pap_tau", "pap_tau_pcp_causal"],
 )
 # torch's fake-tensor conversion reads .grad of the non-leaf clones opcheck makes, hiding the warning with
 # its own filter, which pytest's "error" filter overrides.

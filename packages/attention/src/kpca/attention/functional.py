@@ -144,11 +144,17 @@ def rpc_attention(
         if impl == "triton":
             from kpca.attention._triton import ops  # imported on first use: triton is optional
 
-            pap_first, pap_step, mu_of = ops.pap_first, ops.pap_step, ops.pap_mu
+            pap_first, pap_step = ops.pap_first, ops.pap_step
+            pcp = convention == "pcp"
+            # tau comes out of the mu kernel, one per row: no torch op for lambd * mu, none to sum its gradient
+            tau = ops.pap_tau(k, width, lambd, pcp=pcp, key_padding_mask=key_padding_mask, is_causal=is_causal)
+            mu = None
+            if return_state:  # for the state alone: its own two launches, no gradient
+                mu = ops.pap_mu(k.detach(), width, key_padding_mask=key_padding_mask, is_causal=is_causal)
         else:
-            pap_first, pap_step, mu_of = PapFirst.apply, PapStep.apply, pap_mu
-        mu = mu_of(k, width, key_padding_mask=key_padding_mask, is_causal=is_causal)
-        tau = lambd / mu if convention == "pcp" else lambd * mu
+            pap_first, pap_step = PapFirst.apply, PapStep.apply
+            mu = pap_mu(k, width, key_padding_mask=key_padding_mask, is_causal=is_causal)
+            tau = lambd / mu if convention == "pcp" else lambd * mu
 
         def attend(kt: torch.Tensor, last: bool) -> torch.Tensor:
             p = dropout_p if last else 0.0

@@ -8,16 +8,24 @@ What is here, and what the launchers in ``ops.py`` pass:
 * ``pap_step_fwd`` / ``pap_step_bwd``: ``_pap.PapStep`` (dual update fused with the next shrink
   and the cleaned keys), one pass each.
 * ``row_l1`` / ``mu_scan`` (forward) and ``mu_grad_scan`` / ``row_l1_bwd`` (backward): mu from the
-  per-row L1 norms of K, with key padding and the causal prefix-sum form.
+  per-row L1 norms of K, with key padding (read as the caller's bool mask) and the causal
+  prefix-sum form. ``mu_scan`` writes the threshold itself, tau = lambd * mu (reference
+  convention; mu itself for lambd = 1) or lambd / mu (pcp), per slice or one per row, so no
+  torch op computes tau; ``mu_grad_scan`` takes tau's gradient, summing per-row ones itself.
 
-Tiles: the kernels that read strided (B, H, N, D) views of K or L run on a 2-D grid
-(B * H, cdiv(N, BLOCK_N)), one (b, h) slice per program on axis 0 (CUDA allows 2^31 - 1 there,
-65535 on axis 1), so (b, h) costs one division per program instead of one per row;
-``pap_first_bwd`` and ``pap_step_bwd`` read only contiguous (R, D) tensors and run on a 1-D grid
-of BLOCK_R-row tiles. The head dim D is a ``tl.constexpr``: every D gets its own kernel, and the
-column mask and the contiguous offsets ``row * D`` keep their alignment, so loads and stores stay
-vectorised when D is not a multiple of 16 (D = 40 or 72; strided rows also need the ``ALIGN``
-hint the launchers pass). Strided offsets are int64 products, so no stride wraps in int32.
+Launches per ``rpc_attention(n_iter)``: n_iter + 2 forward (``row_l1``, ``mu_scan``,
+``pap_first_fwd``, n_iter - 1 ``pap_step_fwd``) and n_iter + 2 backward
+(``tests/attention/test_triton_launch_budget.py`` holds the budget).
+
+Tiles: the element-wise kernels run on a 2-D grid (B * H, cdiv(N, BLOCK_N)), one (b, h) slice
+per program on axis 0 (CUDA allows 2^31 - 1 there, 65535 on axis 1), so (b, h) costs one
+division per program instead of one per row. They read strided (B, H, N, D) views of K and L
+(forward) and of the cleaned keys' gradient (backward: SDPA returns it (B, N, H, D) in memory, and
+a ``.contiguous()`` copy would cost a full pass) and write contiguous tensors. The head dim D is a
+``tl.constexpr``: every D gets its own kernel, and the column mask and the contiguous offsets
+``row * D`` keep their alignment, so loads and stores stay vectorised when D is not a multiple of
+16 (D = 40 or 72; strided rows also need the ``ALIGN`` hint the launchers pass). Strided offsets
+are int64 products, so no stride wraps in int32.
 
 Tested on CPU under ``TRITON_INTERPRET=1`` (``tests/attention/test_triton_backend.py``), forward
 and backward against the torch path: float32, bfloat16 and float16 inputs (K and L; S, Z, tau and
@@ -34,9 +42,11 @@ Known differences from the torch path:
 * Element-wise outputs (S, Z, Kt) and their input gradients are bit-identical to
   ``_pap.PapFirst`` / ``_pap.PapStep`` (same float32 operations in the same order); NaN propagates
   through the clamps as in ``torch.clamp`` (``propagate_nan=ALL``; Triton's default drops NaN).
-* The threshold gradient and mu are sums in another order (per-row sums, then tree scans in
-  float32; torch's CPU cumsum accumulates in float64), so they agree to float32 rounding, not bits.
-  The divisions in mu round to nearest (``div_rn``), like torch's.
+* Element-wise means given the same tau: the threshold gradient and mu are sums in another order
+  (per-row sums, then tree scans in float32; torch's CPU cumsum accumulates in float64), so they,
+  and tau, agree to float32 rounding, not bits. From one mu, tau takes torch's operations in
+  torch's order (``lambd * mu``; ``lambd / mu`` as ``mu.reciprocal() * lambd``), and the divisions
+  round to nearest (``div_rn``), like torch's.
 * No atomics anywhere: every kernel is deterministic run to run.
 * Loaded values are cast to float32 right after loading (bf16 arithmetic is not supported by the
   interpreter, and the torch path computes in float32 as well).
@@ -83,20 +93,6 @@ def _slice_tile(N, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr
 
 
 @triton.jit
-def _row_tile(R, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Tile of program pid on the 1-D grid over the R rows of contiguous (R, D) tensors.
-
-    Returns the rows (BLOCK_R,) int64, the columns (BLOCK_D,), the row mask (BLOCK_R,) and the tile
-    mask (BLOCK_R, BLOCK_D).
-    """
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,)
-    cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    row_mask = rows < R
-    mask = row_mask[:, None] & (cols < D)[None, :]  # (BLOCK_R, BLOCK_D)
-    return rows, cols, row_mask, mask
-
-
-@triton.jit
 def _strided(bh, n, cols, H, s_b, s_h, s_n, s_d, ALIGN: tl.constexpr):
     """Offsets (BLOCK_N, BLOCK_D) of tokens n, columns cols of slice bh in a (B, H, N, D) tensor of strides s_*.
 
@@ -129,7 +125,7 @@ def _shrink(x, tau):
 
 @triton.jit
 def _shrink_grad(sign, g):
-    """Input gradient of the soft threshold and its per-row threshold gradient (BLOCK_R,)."""
+    """Input gradient of the soft threshold and its per-row threshold gradient (BLOCK_N,)."""
     grad_x = tl.where(sign == 0, 0.0, g)
     grad_tau = tl.sum(tl.where(sign > 0, -grad_x, grad_x), axis=1)
     return grad_x, grad_tau
@@ -153,18 +149,19 @@ def pap_first_fwd(
 
 @triton.jit
 def _shrink_input_grads(
-    sign_ptr, gs_ptr, gkt_ptr, off, mask,
-    HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    sign_ptr, gs_ptr, gkt_ptr, off, gkt_off, mask,
+    HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Shared start of the backward kernels: ``g_Kt`` (zeros when absent) and the shrink's gradients.
 
+    ``off`` are the tile's contiguous offsets (sign, g_S), ``gkt_off`` its offsets in the strided g_Kt.
     The shrink's input and threshold gradients are those of ``g_S - g_Kt``.
     """
     sign = tl.load(sign_ptr + off, mask=mask, other=0)
     if HAS_GKT:
-        g_kt = tl.load(gkt_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        g_kt = tl.load(gkt_ptr + gkt_off, mask=mask, other=0.0).to(tl.float32)
     else:
-        g_kt = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+        g_kt = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     if HAS_GS:
         g = tl.load(gs_ptr + off, mask=mask, other=0.0).to(tl.float32) - g_kt
     else:
@@ -176,14 +173,16 @@ def _shrink_input_grads(
 @triton.jit
 def pap_first_bwd(
     sign_ptr, gs_ptr, gkt_ptr, gk_ptr, gtau_ptr,
-    R,
-    D: tl.constexpr, HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    H, N, s_gb, s_gh, s_gn, s_gd,
+    D: tl.constexpr, GKT_ALIGN: tl.constexpr, HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Gradient of K, ``shrink'(g_S - g_Kt) + g_Kt``, and per-row threshold gradients (R,)."""
-    rows, cols, row_mask, mask = _row_tile(R, D, BLOCK_R, BLOCK_D)
+    """Gradient of K, ``shrink'(g_S - g_Kt) + g_Kt``, and per-row threshold gradients (R,); g_Kt strided."""
+    bh, n, rows, cols, row_mask, mask = _slice_tile(N, D, BLOCK_N, BLOCK_D)
     off = rows[:, None] * D + cols[None, :]
+    gkt_off = _strided(bh, n, cols, H, s_gb, s_gh, s_gn, s_gd, GKT_ALIGN)
     g_kt, grad_x, grad_tau = _shrink_input_grads(
-        sign_ptr, gs_ptr, gkt_ptr, off, mask, HAS_GS, HAS_GKT, BLOCK_R, BLOCK_D
+        sign_ptr, gs_ptr, gkt_ptr, off, gkt_off, mask, HAS_GS, HAS_GKT, BLOCK_N, BLOCK_D
     )
     tl.store(gk_ptr + off, (grad_x + g_kt).to(gk_ptr.dtype.element_ty), mask=mask)
     tl.store(gtau_ptr + rows, grad_tau, mask=row_mask)
@@ -216,15 +215,16 @@ def pap_step_fwd(
 @triton.jit
 def pap_step_bwd(
     sign_ptr, gz_new_ptr, gs_new_ptr, gkt_ptr, gk_ptr, gl_ptr, gz_ptr, gs_ptr, gtau_ptr,
-    R,
-    D: tl.constexpr, HAS_GZ: tl.constexpr, HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr, NEED_GZ: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    H, N, s_gb, s_gh, s_gn, s_gd,
+    D: tl.constexpr, GKT_ALIGN: tl.constexpr, HAS_GZ: tl.constexpr, HAS_GS: tl.constexpr, HAS_GKT: tl.constexpr,
+    NEED_GZ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Gradients of ``pap_step_fwd`` w.r.t. K, L, Z, S and per-row threshold gradients (R,)."""
-    rows, cols, row_mask, mask = _row_tile(R, D, BLOCK_R, BLOCK_D)
+    """Gradients of ``pap_step_fwd`` w.r.t. K, L, Z, S and per-row threshold gradients (R,); g_Kt strided."""
+    bh, n, rows, cols, row_mask, mask = _slice_tile(N, D, BLOCK_N, BLOCK_D)
     off = rows[:, None] * D + cols[None, :]
+    gkt_off = _strided(bh, n, cols, H, s_gb, s_gh, s_gn, s_gd, GKT_ALIGN)
     g_kt, grad_x, grad_tau = _shrink_input_grads(
-        sign_ptr, gs_new_ptr, gkt_ptr, off, mask, HAS_GS, HAS_GKT, BLOCK_R, BLOCK_D
+        sign_ptr, gs_new_ptr, gkt_ptr, off, gkt_off, mask, HAS_GS, HAS_GKT, BLOCK_N, BLOCK_D
     )
     grad_z_total = grad_x - g_kt  # everything that reaches Z'
     if HAS_GZ:
@@ -240,8 +240,9 @@ def pap_step_bwd(
 
 @triton.jit
 def _unpadded(pad_ptr, bh, n, row_mask, H, N):
-    """1.0 for the tile's unpadded rows and 0.0 for padded ones (BLOCK_N,), from the (B, N) int8 padding mask."""
-    return (1 - tl.load(pad_ptr + (bh // H) * N + n, mask=row_mask, other=0)).to(tl.float32)
+    """1.0 for the tile's unpadded rows and 0.0 for padded ones (BLOCK_N,), from the (B, N) bool padding mask."""
+    padded = tl.load(pad_ptr + (bh // H) * N + n, mask=row_mask, other=0) != 0
+    return tl.where(padded, 0.0, 1.0)
 
 
 @triton.jit
@@ -260,27 +261,45 @@ def row_l1(
 
 
 @triton.jit
-def _mu(count, width, l1, eps):
-    """``count * width / (4 max(l1, eps))`` in the order and rounding of ``_pap.pap_mu``."""
-    return tl.div_rn(count * width, 4 * tl.maximum(l1, eps, propagate_nan=tl.PropagateNan.ALL))
+def _tau(count, width, l1, eps, lambd, PCP: tl.constexpr):
+    """The threshold from mu = ``count * width / (4 max(l1, eps))`` in the order and rounding of ``_pap.pap_mu``.
+
+    ``lambd * mu`` (reference convention), or ``lambd / mu`` (pcp) as torch computes a scalar over a tensor:
+    ``mu.reciprocal() * lambd``. Divisions round to nearest (``div_rn``), like torch's.
+    """
+    mu = tl.div_rn(count * width, 4 * tl.maximum(l1, eps, propagate_nan=tl.PropagateNan.ALL))
+    if PCP:
+        tau = tl.div_rn(1.0, mu) * lambd
+    else:
+        tau = lambd * mu
+    return tau
 
 
 @triton.jit
-def _mu_grad(grad_mu, mu, l1, eps):
-    """``grad_mu * dmu/d||K||_1 = -grad_mu mu / ||K||_1``, 0 where the eps floor is active (as clamp_min's gradient)."""
-    return tl.where(l1 >= eps, tl.div_rn(-grad_mu * mu, tl.maximum(l1, eps, propagate_nan=tl.PropagateNan.ALL)), 0.0)
+def _tau_grad(grad_tau, tau, l1, eps, PCP: tl.constexpr):
+    """``grad_tau * dtau/d||K||_1``, 0 where the eps floor is active (as clamp_min's gradient).
+
+    ``-grad_tau tau / ||K||_1`` in the reference convention (tau ~ 1 / ||K||_1), ``+`` with pcp (tau ~ ||K||_1).
+    """
+    if PCP:
+        scaled = grad_tau * tau
+    else:
+        scaled = -grad_tau * tau
+    return tl.where(l1 >= eps, tl.div_rn(scaled, tl.maximum(l1, eps, propagate_nan=tl.PropagateNan.ALL)), 0.0)
 
 
 @triton.jit
 def mu_scan(
-    row_l1_ptr, pad_ptr, mu_ptr, l1_ptr,
-    H, N, width, eps,
-    HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+    row_l1_ptr, pad_ptr, tau_ptr, l1_ptr,
+    H, N, width, eps, lambd,
+    HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, PCP: tl.constexpr, PER_ROW: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """One (sample, head) per program: mu = count * width / (4 max(||K||_1, eps)) and ||K||_1.
+    """One (sample, head) per program: the threshold tau of mu = count * width / (4 max(||K||_1, eps)), and ||K||_1.
 
-    Causal: per position from prefix sums, (N,) each; otherwise one value each. The division rounds
-    to nearest (``div_rn``, as torch's) and a NaN norm gives a NaN mu (``clamp_min`` keeps NaN too).
+    Causal: per position from prefix sums, (N,) each. Otherwise one ||K||_1 and one tau, which is
+    written to each of the N rows when PER_ROW (the layout the PAP steps take, so that their
+    threshold gradients need no reduction of their own). A NaN norm gives a NaN tau (``clamp_min``
+    keeps NaN too).
     """
     bh = tl.program_id(0).to(tl.int64)
     b = bh // H
@@ -291,31 +310,38 @@ def mu_scan(
         in_range = n < N
         r = tl.load(row_l1_ptr + bh * N + n, mask=in_range, other=0.0)
         if HAS_PAD:
-            valid = (1 - tl.load(pad_ptr + b * N + n, mask=in_range, other=1)).to(tl.float32)
+            valid = tl.where(tl.load(pad_ptr + b * N + n, mask=in_range, other=1) != 0, 0.0, 1.0)
         else:
             valid = in_range.to(tl.float32)
         if CAUSAL:
             l1 = l1_carry + tl.cumsum(r, axis=0)
             count = tl.maximum(count_carry + tl.cumsum(valid, axis=0), 1.0)
-            tl.store(mu_ptr + bh * N + n, _mu(count, width, l1, eps), mask=in_range)
+            tl.store(tau_ptr + bh * N + n, _tau(count, width, l1, eps, lambd, PCP), mask=in_range)
             tl.store(l1_ptr + bh * N + n, l1, mask=in_range)
         l1_carry += tl.sum(r, axis=0)
         count_carry += tl.sum(valid, axis=0)
     if not CAUSAL:
-        tl.store(mu_ptr + bh, _mu(tl.maximum(count_carry, 1.0), width, l1_carry, eps))
+        tau = _tau(tl.maximum(count_carry, 1.0), width, l1_carry, eps, lambd, PCP)
         tl.store(l1_ptr + bh, l1_carry)
+        if PER_ROW:
+            for start in range(0, N, BLOCK_N):
+                n = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+                tl.store(tau_ptr + bh * N + n, tl.zeros((BLOCK_N,), tl.float32) + tau, mask=n < N)
+        else:
+            tl.store(tau_ptr + bh, tau)
 
 
 @triton.jit
 def mu_grad_scan(
-    grad_mu_ptr, mu_ptr, l1_ptr, g_row_ptr,
+    grad_tau_ptr, tau_ptr, l1_ptr, g_row_ptr,
     N, eps,
-    CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, PCP: tl.constexpr, GRAD_PER_ROW: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Gradient reaching each row's L1 norm, one (sample, head) per program.
+    """Gradient reaching each row's L1 norm from the threshold's, one (sample, head) per program.
 
-    With g_t = grad_mu_t * dmu_t/d||K||_1, row n gets ``sum_{t >= n} g_t`` when causal (a reverse
-    prefix sum, (N,)) and g otherwise (one value).
+    With g_t = grad_tau_t * dtau_t/d||K||_1, row n gets ``sum_{t >= n} g_t`` when causal (a reverse
+    prefix sum, (N,)) and g otherwise (one value); GRAD_PER_ROW (not causal): tau and its gradient
+    come one per row, as ``mu_scan`` wrote them with PER_ROW, and the row gradients are summed first.
     """
     bh = tl.program_id(0).to(tl.int64)
     if CAUSAL:
@@ -323,15 +349,23 @@ def mu_grad_scan(
         for start in range(0, N, BLOCK_N):
             n = N - start - BLOCK_N + tl.arange(0, BLOCK_N)  # blocks from the end, (BLOCK_N,)
             in_range = n >= 0
-            grad_mu = tl.load(grad_mu_ptr + bh * N + n, mask=in_range, other=0.0)
-            mu = tl.load(mu_ptr + bh * N + n, mask=in_range, other=0.0)
+            grad_tau = tl.load(grad_tau_ptr + bh * N + n, mask=in_range, other=0.0)
+            tau = tl.load(tau_ptr + bh * N + n, mask=in_range, other=0.0)
             l1 = tl.load(l1_ptr + bh * N + n, mask=in_range, other=1.0)
-            g = _mu_grad(grad_mu, mu, l1, eps)
+            g = _tau_grad(grad_tau, tau, l1, eps, PCP)
             tl.store(g_row_ptr + bh * N + n, carry + tl.cumsum(g, axis=0, reverse=True), mask=in_range)
             carry += tl.sum(g, axis=0)
     else:
-        g = _mu_grad(tl.load(grad_mu_ptr + bh), tl.load(mu_ptr + bh), tl.load(l1_ptr + bh), eps)
-        tl.store(g_row_ptr + bh, g)
+        if GRAD_PER_ROW:
+            grad_tau = 0.0
+            for start in range(0, N, BLOCK_N):
+                n = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+                grad_tau += tl.sum(tl.load(grad_tau_ptr + bh * N + n, mask=n < N, other=0.0), axis=0)
+            tau = tl.load(tau_ptr + bh * N, mask=N > 0, other=0.0)  # every row holds the slice's tau
+        else:
+            grad_tau = tl.load(grad_tau_ptr + bh)
+            tau = tl.load(tau_ptr + bh)
+        tl.store(g_row_ptr + bh, _tau_grad(grad_tau, tau, tl.load(l1_ptr + bh), eps, PCP))
 
 
 @triton.jit

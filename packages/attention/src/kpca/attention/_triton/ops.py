@@ -1,24 +1,40 @@
-"""Launchers for the Triton PAP kernels, registered as ``torch.library`` custom ops with autograd.
+"""Launchers for the Triton PAP kernels, with two dispatch paths to the same launches.
 
-Three layers, after flash-attn: the jit kernels (``kernels.py``); here, the input checks and one
-``torch.library.custom_op`` per kernel launch (namespace ``kpca``) with a ``register_fake`` shape
-function, each forward op carrying its hand-written backward through ``register_autograd`` (the
-custom-op form of an ``autograd.Function``), so ``torch.compile`` sees one opaque op in each
-direction; and the three functions at the bottom that ``functional.rpc_attention`` calls.
+Three layers, after flash-attn: the jit kernels (``kernels.py``); here, the input checks and the
+launchers (plain functions, one per op and direction), reached by two paths; and the functions at
+the bottom that ``functional.rpc_attention`` calls, which pick the path:
+
+* eager calls (plain tensors, not traced): ``torch.autograd.Function`` subclasses around the
+  launchers. A ``torch.library.custom_op`` with ``register_autograd`` costs about 20 µs of host time
+  per forward call over its body, a ``torch.library.triton_op`` about 30 µs, an ``autograd.Function``
+  about 3 µs (CPU, launches stubbed); ``benchmarks/dispatch.py`` prints the host time per call.
+* traced calls (``torch.compile`` / ``torch.export``, fake or functional tensors, ``torch.func``
+  transforms): one ``torch.library.custom_op`` per op (namespace ``kpca``) with a ``register_fake``
+  shape function, each forward op carrying its backward op through ``register_autograd``, so the
+  graph holds one opaque node per op in each direction. Both paths run the same launchers, so
+  compiled = eager to the bit in the PAP ops.
 
 Shapes: K, L, S, Z and the cleaned keys Kt are (B, H, N, D); tau and mu are (B, H, 1, 1), or
-(B, H, N, 1) for a causal mu. S, Z, tau and mu are float32; K and L are float32, bfloat16 or
-float16 (K's dtype for Kt and K's gradient, L's for L's gradient).
+(B, H, N, 1) per row (a causal mu, and every tau ``rpc_attention`` passes: :func:`pap_tau` writes
+one per row so that the steps' threshold gradients need no reduction of their own; the mu
+backward sums them). S, Z, tau and mu are float32; K and L are float32, bfloat16 or float16 (K's
+dtype for Kt and K's gradient, L's for L's gradient).
+
+Launches per ``rpc_attention(n_iter)`` forward and backward, n_iter + 2 each (no other device work
+of ours; autograd adds the gradients of tensors used twice): forward ``row_l1`` and ``mu_scan``
+(tau), ``pap_first_fwd``, n_iter - 1 ``pap_step_fwd``; backward n_iter - 1 ``pap_step_bwd``,
+``pap_first_bwd``, ``mu_grad_scan`` and ``row_l1_bwd``.
 
 Every launch runs under :func:`_device_guard` of its inputs: Triton launches on the current CUDA
-device and stream, and custom ops do not switch to their inputs' device.
+device and stream, and neither path switches to the inputs' device.
 """
 
 import contextlib
+import math
 from typing import Optional
 
 import torch
-import triton
+from torch.autograd import Function
 
 from kpca.attention._pap import L1_EPS
 from kpca.attention._triton import kernels
@@ -41,33 +57,30 @@ SCAN_NUM_WARPS = 4
 MAX_GRID_AXIS_1 = 65535
 """CUDA's limit on the second grid axis, the token blocks of one (b, h) slice."""
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+"""Tensor types the eager path takes; any other (fake, functional, a subclass) goes through the custom ops."""
+
+
+def _next_power_of_2(x: int) -> int:
+    """``triton.next_power_of_2`` without its constexpr-function wrapper (about 1 µs a call)."""
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
 def _slice_blocks(n: int, d: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_D) of the kernels tiling (b, h) slices: MAX_BLOCK_ELEMENTS at most, no more rows than N needs."""
-    block_d = triton.next_power_of_2(d)
-    return max(1, min(MAX_BLOCK_ELEMENTS // block_d, triton.next_power_of_2(n))), block_d
+    block_d = _next_power_of_2(d)
+    return max(1, min(MAX_BLOCK_ELEMENTS // block_d, _next_power_of_2(n))), block_d
 
 
 def _slice_grid(slices: int, n: int, block_n: int) -> tuple[int, int]:
     """The grid (B * H, token blocks) of the kernels tiling (b, h) slices."""
-    blocks = triton.cdiv(n, block_n)
+    blocks = -(-n // block_n)
     if blocks > MAX_GRID_AXIS_1:
         raise ValueError(
             f"N = {n} tokens need {blocks} blocks of {block_n} rows, more than CUDA's grid limit of "
             f"{MAX_GRID_AXIS_1}; use backend='torch' for sequences this long"
         )
     return slices, blocks
-
-
-def _row_blocks(d: int) -> tuple[int, int]:
-    """(BLOCK_R, BLOCK_D) of the kernels tiling contiguous (R, D) tensors."""
-    block_d = triton.next_power_of_2(d)
-    return max(1, MAX_BLOCK_ELEMENTS // block_d), block_d
-
-
-def _row_grid(rows: int, block_r: int) -> tuple[int]:
-    return (triton.cdiv(rows, block_r),)
 
 
 def _row_alignment(t: torch.Tensor) -> int:
@@ -78,11 +91,11 @@ def _row_alignment(t: torch.Tensor) -> int:
     """
     if t.stride(-1) != 1:
         return 1
-    strides = [stride for size, stride in zip(t.shape[:-1], t.stride()[:-1], strict=True) if size > 1]
-    align = 16
-    while any(stride % align for stride in strides):
-        align //= 2
-    return align
+    common = 0  # gcd of the strides that count; 0 divides by every power of two
+    for size, stride in zip(t.shape[:-1], t.stride()[:-1], strict=True):
+        if size > 1:
+            common = math.gcd(common, stride)
+    return min(16, common & -common) if common else 16
 
 
 def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -105,7 +118,7 @@ def _check_like(name: str, t: torch.Tensor, shape: torch.Size, device: torch.dev
 
 
 def _check_tau(tau: torch.Tensor, k: torch.Tensor) -> bool:
-    """Check tau against K; return whether it holds one threshold per row (a causal tau) rather than per slice."""
+    """Check tau against K; return whether it holds one threshold per row rather than per slice."""
     b, h, n, _ = k.shape
     if tau.dtype != torch.float32 or tuple(tau.shape) not in ((b, h, 1, 1), (b, h, n, 1)) or tau.device != k.device:
         raise ValueError(
@@ -115,22 +128,49 @@ def _check_tau(tau: torch.Tensor, k: torch.Tensor) -> bool:
     return tau.shape[2] != 1
 
 
+def _check_padding(key_padding_mask: torch.Tensor | None, k: torch.Tensor) -> None:
+    b, _, n, _ = k.shape
+    padding = key_padding_mask
+    if padding is not None and (padding.dtype != torch.bool or padding.shape != (b, n) or padding.device != k.device):
+        raise ValueError(
+            f"key_padding_mask must be a bool (B, N) = {(b, n)} tensor on {k.device}, got "
+            f"{tuple(padding.shape)} {padding.dtype} on {padding.device}"
+        )
+
+
+def _tau_div(k: torch.Tensor, tau: torch.Tensor) -> int:
+    """Rows per threshold: N for one tau per (b, h) slice, 1 for one per row."""
+    return k.shape[2] if tau.shape[2] == 1 else 1
+
+
 def _f32_like(k: torch.Tensor) -> torch.Tensor:
     return torch.empty(k.shape, dtype=torch.float32, device=k.device)
 
 
 def _grad_tau(row_grads: torch.Tensor, sign: torch.Tensor, tau_div: int) -> torch.Tensor:
-    """Per-row threshold gradients (R,) summed to tau's shape, (B, H, 1, 1) or (B, H, N, 1)."""
+    """Per-row threshold gradients (R,) in tau's shape: (B, H, N, 1) as they are, or summed to (B, H, 1, 1).
+
+    ``rpc_attention``'s tau is per row, so the sum (one more launch) only serves callers with a per-slice tau.
+    """
     b, h, n, _ = sign.shape
     rows = row_grads.view(b, h, n, 1)  # (B, H, N, 1)
-    return rows.sum(2, keepdim=True) if tau_div == n else rows
+    return rows.sum(2, keepdim=True) if tau_div == n and n != 1 else rows
 
 
-# --- first PAP step -------------------------------------------------------------------------
+def _contiguous_or(t: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """``t`` made contiguous (a copy only if it is not), or a tensor the kernel never reads (its flag is off)."""
+    return placeholder if t is None else t.contiguous()
 
 
-@torch.library.custom_op("kpca::pap_first", mutates_args=())
-def pap_first_op(k: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _padding(key_padding_mask: torch.Tensor | None, k: torch.Tensor) -> torch.Tensor:
+    """The (B, N) bool padding mask (True = padded; the kernels read bools), or a tensor the kernel never reads."""
+    return k if key_padding_mask is None else key_padding_mask.contiguous()
+
+
+# --- launchers: what both paths run ---------------------------------------------------------
+
+
+def _first_forward(k: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(S, Kt, sign)``: S = shrink(K, tau) (float32), Kt = clamp(K, -tau, tau) (K's dtype), int8 sign."""
     _check_keys("k", k)
     tau_per_row = _check_tau(tau, k)
@@ -147,72 +187,38 @@ def pap_first_op(k: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torc
     return s, kt, sign
 
 
-@pap_first_op.register_fake
-def _(k, tau):
-    return k.new_empty(k.shape, dtype=torch.float32), k.new_empty(k.shape), k.new_empty(k.shape, dtype=torch.int8)
-
-
-@torch.library.custom_op("kpca::pap_first_backward", mutates_args=())
-def pap_first_backward_op(
-    sign: torch.Tensor,
-    grad_s: Optional[torch.Tensor],  # noqa: UP045 (custom_op schemas are inferred from Optional)
-    grad_kt: Optional[torch.Tensor],  # noqa: UP045
-    k_dtype: torch.dtype,
-    tau_div: int,
+def _first_backward(
+    sign: torch.Tensor, grad_s: torch.Tensor | None, grad_kt: torch.Tensor | None, k_dtype: torch.dtype, tau_div: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(grad K, grad tau)`` of :func:`pap_first_op` from its saved sign and the output gradients."""
+    """``(grad K, grad tau)`` of :func:`_first_forward` from its saved sign and the output gradients."""
     b, h, n, d = sign.shape
     grad_k = torch.empty(sign.shape, dtype=k_dtype, device=sign.device)
-    row_grads = torch.empty(b * h * n, dtype=torch.float32, device=sign.device)
-    block_r, block_d = _row_blocks(d)
+    row_grads = torch.empty(b * h * n, dtype=torch.float32, device=sign.device)  # (R,)
+    gkt = sign if grad_kt is None else grad_kt  # read with its strides: SDPA's gradients are (B, N, H, D) in memory
+    block_n, block_d = _slice_blocks(n, d)
     with _device_guard(sign):
-        kernels.pap_first_bwd[_row_grid(b * h * n, block_r)](
-            sign, _contiguous_or(grad_s, sign), _contiguous_or(grad_kt, sign), grad_k, row_grads, b * h * n,
-            D=d, HAS_GS=grad_s is not None, HAS_GKT=grad_kt is not None, BLOCK_R=block_r, BLOCK_D=block_d,
-            num_warps=ELEMENTWISE_NUM_WARPS,
+        kernels.pap_first_bwd[_slice_grid(b * h, n, block_n)](
+            sign, _contiguous_or(grad_s, sign), gkt, grad_k, row_grads, h, n, *gkt.stride(),
+            D=d, GKT_ALIGN=_row_alignment(gkt), HAS_GS=grad_s is not None, HAS_GKT=grad_kt is not None,
+            BLOCK_N=block_n, BLOCK_D=block_d, num_warps=ELEMENTWISE_NUM_WARPS,
         )  # fmt: skip
     return grad_k, _grad_tau(row_grads, sign, tau_div)
 
 
-@pap_first_backward_op.register_fake
-def _(sign, grad_s, grad_kt, k_dtype, tau_div):
-    b, h, n, _ = sign.shape
-    return sign.new_empty(sign.shape, dtype=k_dtype), sign.new_empty((b, h, n // tau_div, 1), dtype=torch.float32)
-
-
-def _pap_first_setup(ctx, inputs, output) -> None:
-    k, tau = inputs
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(output[2])
-    ctx.meta = (k.dtype, k.shape[2] if tau.shape[2] == 1 else 1)
-
-
-def _pap_first_backward(ctx, grad_s, grad_kt, _grad_sign):
-    (sign,) = ctx.saved_tensors
-    k_dtype, tau_div = ctx.meta
-    return pap_first_backward_op(sign, grad_s, grad_kt, k_dtype, tau_div)
-
-
-pap_first_op.register_autograd(_pap_first_backward, setup_context=_pap_first_setup)
-
-
-# --- later PAP steps ------------------------------------------------------------------------
-
-
-@torch.library.custom_op("kpca::pap_step", mutates_args=())
-def pap_step_op(
+def _step_forward(
     k: torch.Tensor,
     tau: torch.Tensor,
     l: torch.Tensor,  # noqa: E741 (the paper's name)
-    z: Optional[torch.Tensor],  # noqa: UP045
+    z: torch.Tensor | None,
     s: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(Z', S', Kt, sign)`` of one later PAP step, as in ``_pap.PapStep`` (``z=None`` for zero)."""
     _check_keys("k", k)
     _check_keys("l", l)
     tau_per_row = _check_tau(tau, k)
-    for name, t in (("l", l), ("s", s)) + ((("z", z),) if z is not None else ()):
-        _check_like(name, t, k.shape, k.device)
+    for name, t in (("l", l), ("s", s), ("z", z)):
+        if t is not None:
+            _check_like(name, t, k.shape, k.device)
     for name, t in (("s", s), ("z", z)):
         if t is not None and t.dtype != torch.float32:
             raise ValueError(f"{name} must be float32 (the PAP state), got {t.dtype}")
@@ -228,6 +234,164 @@ def pap_step_op(
             BLOCK_N=block_n, BLOCK_D=block_d, num_warps=ELEMENTWISE_NUM_WARPS,
         )  # fmt: skip
     return z_new, s_new, kt, sign
+
+
+def _step_backward(
+    sign: torch.Tensor,
+    grad_z_new: torch.Tensor | None,
+    grad_s_new: torch.Tensor | None,
+    grad_kt: torch.Tensor | None,
+    k_dtype: torch.dtype,
+    l_dtype: torch.dtype,
+    tau_div: int,
+    need_grad_z: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(grad K, grad tau, grad L, grad Z, grad S)`` of :func:`_step_forward`; grad Z empty unless ``need_grad_z``."""
+    b, h, n, d = sign.shape
+    dev = sign.device
+    grad_k = torch.empty(sign.shape, dtype=k_dtype, device=dev)
+    grad_l = torch.empty(sign.shape, dtype=l_dtype, device=dev)
+    grad_z = _f32_like(sign) if need_grad_z else sign.new_empty(0, dtype=torch.float32)
+    grad_s, row_grads = _f32_like(sign), torch.empty(b * h * n, dtype=torch.float32, device=dev)  # row_grads (R,)
+    gkt = sign if grad_kt is None else grad_kt  # read with its strides, as in _first_backward
+    block_n, block_d = _slice_blocks(n, d)
+    with _device_guard(sign):
+        kernels.pap_step_bwd[_slice_grid(b * h, n, block_n)](
+            sign, _contiguous_or(grad_z_new, sign), _contiguous_or(grad_s_new, sign), gkt,
+            grad_k, grad_l, grad_z if need_grad_z else grad_s, grad_s, row_grads, h, n, *gkt.stride(),
+            D=d, GKT_ALIGN=_row_alignment(gkt), HAS_GZ=grad_z_new is not None, HAS_GS=grad_s_new is not None,
+            HAS_GKT=grad_kt is not None, NEED_GZ=need_grad_z, BLOCK_N=block_n, BLOCK_D=block_d,
+            num_warps=ELEMENTWISE_NUM_WARPS,
+        )  # fmt: skip
+    return grad_k, _grad_tau(row_grads, sign, tau_div), grad_l, grad_z, grad_s
+
+
+def _tau_shapes(k: torch.Tensor, is_causal: bool, per_row: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of tau, (B, H, N | 1, 1), and of ||K||_1, (B, H, N, 1) causal else (B, H, 1, 1)."""
+    b, h, n, _ = k.shape
+    return (b, h, n if is_causal or per_row else 1, 1), (b, h, n if is_causal else 1, 1)
+
+
+def _mu_forward(
+    k: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    width: int,
+    is_causal: bool,
+    eps: float,
+    lambd: float,
+    pcp: bool,
+    per_row: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tau, ||K||_1)``: tau = lambd * mu, or lambd / mu with ``pcp``, mu as in ``_pap.pap_mu``; float32."""
+    _check_keys("k", k)
+    _check_padding(key_padding_mask, k)
+    b, h, n, d = k.shape
+    tau_shape, l1_shape = _tau_shapes(k, is_causal, per_row)
+    row_l1 = torch.empty(b * h * n, dtype=torch.float32, device=k.device)  # (R,)
+    tau = torch.empty(tau_shape, dtype=torch.float32, device=k.device)
+    l1 = torch.empty(l1_shape, dtype=torch.float32, device=k.device)
+    pad = _padding(key_padding_mask, k)
+    block_n, block_d = _slice_blocks(n, d)
+    with _device_guard(k):
+        kernels.row_l1[_slice_grid(b * h, n, block_n)](
+            k, pad, row_l1, h, n, *k.stride(),
+            D=d, K_ALIGN=_row_alignment(k), HAS_PAD=key_padding_mask is not None, BLOCK_N=block_n, BLOCK_D=block_d,
+            num_warps=ELEMENTWISE_NUM_WARPS,
+        )  # fmt: skip
+        kernels.mu_scan[(b * h,)](
+            row_l1, pad, tau, l1, h, n, float(width), eps, float(lambd),
+            HAS_PAD=key_padding_mask is not None, CAUSAL=is_causal, PCP=pcp, PER_ROW=per_row, BLOCK_N=SCAN_BLOCK,
+            num_warps=SCAN_NUM_WARPS,
+        )  # fmt: skip
+    return tau, l1
+
+
+def _mu_backward(
+    k: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    tau: torch.Tensor,
+    l1: torch.Tensor,
+    grad_tau: torch.Tensor,
+    is_causal: bool,
+    eps: float,
+    pcp: bool,
+) -> torch.Tensor:
+    """The gradient of K in :func:`_mu_forward` from tau's gradient (in tau's shape)."""
+    b, h, n, d = k.shape
+    g_row = torch.empty(l1.numel(), dtype=torch.float32, device=k.device)  # (R,) causal, else (B * H,)
+    grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    block_n, block_d = _slice_blocks(n, d)
+    with _device_guard(k):
+        kernels.mu_grad_scan[(b * h,)](
+            grad_tau.contiguous(), tau, l1, g_row, n, eps,
+            CAUSAL=is_causal, PCP=pcp, GRAD_PER_ROW=tau.shape[2] != l1.shape[2], BLOCK_N=SCAN_BLOCK,
+            num_warps=SCAN_NUM_WARPS,
+        )  # fmt: skip
+        kernels.row_l1_bwd[_slice_grid(b * h, n, block_n)](
+            k, _padding(key_padding_mask, k), g_row, grad_k, h, n, *k.stride(),
+            D=d, K_ALIGN=_row_alignment(k), G_PER_ROW=is_causal, HAS_PAD=key_padding_mask is not None,
+            BLOCK_N=block_n, BLOCK_D=block_d, num_warps=ELEMENTWISE_NUM_WARPS,
+        )  # fmt: skip
+    return grad_k
+
+
+# --- traced path: custom ops ----------------------------------------------------------------
+
+
+@torch.library.custom_op("kpca::pap_first", mutates_args=())
+def pap_first_op(k: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(S, Kt, sign)``: S = shrink(K, tau) (float32), Kt = clamp(K, -tau, tau) (K's dtype), int8 sign."""
+    return _first_forward(k, tau)
+
+
+@pap_first_op.register_fake
+def _(k, tau):
+    return k.new_empty(k.shape, dtype=torch.float32), k.new_empty(k.shape), k.new_empty(k.shape, dtype=torch.int8)
+
+
+@torch.library.custom_op("kpca::pap_first_backward", mutates_args=())
+def pap_first_backward_op(
+    sign: torch.Tensor,
+    grad_s: Optional[torch.Tensor],  # noqa: UP045 (custom_op schemas are inferred from Optional)
+    grad_kt: Optional[torch.Tensor],  # noqa: UP045
+    k_dtype: torch.dtype,
+    tau_div: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad K, grad tau)`` of :func:`pap_first_op` from its saved sign and the output gradients."""
+    return _first_backward(sign, grad_s, grad_kt, k_dtype, tau_div)
+
+
+@pap_first_backward_op.register_fake
+def _(sign, grad_s, grad_kt, k_dtype, tau_div):
+    b, h, n, _ = sign.shape
+    return sign.new_empty(sign.shape, dtype=k_dtype), sign.new_empty((b, h, n // tau_div, 1), dtype=torch.float32)
+
+
+def _pap_first_setup(ctx, inputs, output) -> None:
+    k, tau = inputs
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(output[2])
+    ctx.meta = (k.dtype, _tau_div(k, tau))
+
+
+def _pap_first_backward(ctx, grad_s, grad_kt, _grad_sign):
+    (sign,) = ctx.saved_tensors
+    return pap_first_backward_op(sign, grad_s, grad_kt, *ctx.meta)
+
+
+pap_first_op.register_autograd(_pap_first_backward, setup_context=_pap_first_setup)
+
+
+@torch.library.custom_op("kpca::pap_step", mutates_args=())
+def pap_step_op(
+    k: torch.Tensor,
+    tau: torch.Tensor,
+    l: torch.Tensor,  # noqa: E741 (the paper's name)
+    z: Optional[torch.Tensor],  # noqa: UP045
+    s: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Z', S', Kt, sign)`` of one later PAP step, as in ``_pap.PapStep`` (``z=None`` for zero)."""
+    return _step_forward(k, tau, l, z, s)
 
 
 @pap_step_op.register_fake
@@ -248,21 +412,7 @@ def pap_step_backward_op(
     need_grad_z: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad K, grad tau, grad L, grad Z, grad S)`` of :func:`pap_step_op`; grad Z is empty unless ``need_grad_z``."""
-    b, h, n, d = sign.shape
-    dev = sign.device
-    grad_k = torch.empty(sign.shape, dtype=k_dtype, device=dev)
-    grad_l = torch.empty(sign.shape, dtype=l_dtype, device=dev)
-    grad_z = _f32_like(sign) if need_grad_z else sign.new_empty(0, dtype=torch.float32)
-    grad_s, row_grads = _f32_like(sign), torch.empty(b * h * n, dtype=torch.float32, device=dev)
-    block_r, block_d = _row_blocks(d)
-    with _device_guard(sign):
-        kernels.pap_step_bwd[_row_grid(b * h * n, block_r)](
-            sign, _contiguous_or(grad_z_new, sign), _contiguous_or(grad_s_new, sign), _contiguous_or(grad_kt, sign),
-            grad_k, grad_l, grad_z if need_grad_z else grad_s, grad_s, row_grads, b * h * n,
-            D=d, HAS_GZ=grad_z_new is not None, HAS_GS=grad_s_new is not None, HAS_GKT=grad_kt is not None,
-            NEED_GZ=need_grad_z, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=ELEMENTWISE_NUM_WARPS,
-        )  # fmt: skip
-    return grad_k, _grad_tau(row_grads, sign, tau_div), grad_l, grad_z, grad_s
+    return _step_backward(sign, grad_z_new, grad_s_new, grad_kt, k_dtype, l_dtype, tau_div, need_grad_z)
 
 
 @pap_step_backward_op.register_fake
@@ -282,22 +432,17 @@ def _pap_step_setup(ctx, inputs, output) -> None:
     k, tau, l, z, _ = inputs  # noqa: E741
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[3])
-    ctx.meta = (k.dtype, l.dtype, k.shape[2] if tau.shape[2] == 1 else 1, z is not None)
+    ctx.meta = (k.dtype, l.dtype, _tau_div(k, tau), z is not None)
 
 
 def _pap_step_backward(ctx, grad_z_new, grad_s_new, grad_kt, _grad_sign):
     (sign,) = ctx.saved_tensors
-    k_dtype, l_dtype, tau_div, has_z = ctx.meta
-    grad_k, grad_tau, grad_l, grad_z, grad_s = pap_step_backward_op(
-        sign, grad_z_new, grad_s_new, grad_kt, k_dtype, l_dtype, tau_div, has_z
-    )
+    has_z = ctx.meta[3]
+    grad_k, grad_tau, grad_l, grad_z, grad_s = pap_step_backward_op(sign, grad_z_new, grad_s_new, grad_kt, *ctx.meta)
     return grad_k, grad_tau, grad_l, grad_z if has_z else None, grad_s
 
 
 pap_step_op.register_autograd(_pap_step_backward, setup_context=_pap_step_setup)
-
-
-# --- mu -------------------------------------------------------------------------------------
 
 
 @torch.library.custom_op("kpca::pap_mu", mutates_args=())
@@ -307,40 +452,23 @@ def pap_mu_op(
     width: int,
     is_causal: bool,
     eps: float,
+    lambd: float = 1.0,
+    pcp: bool = False,
+    per_row: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mu, ||K||_1)`` as in ``_pap.pap_mu``: (B, H, 1, 1), or (B, H, N, 1) when causal, float32."""
-    _check_keys("k", k)
-    b, h, n, d = k.shape
-    padding = key_padding_mask
-    if padding is not None and (padding.dtype != torch.bool or padding.shape != (b, n) or padding.device != k.device):
-        raise ValueError(
-            f"key_padding_mask must be a bool (B, N) = {(b, n)} tensor on {k.device}, got "
-            f"{tuple(padding.shape)} {padding.dtype} on {padding.device}"
-        )
-    row_l1 = torch.empty(b * h * n, dtype=torch.float32, device=k.device)
-    pad = _padding(key_padding_mask, k)
-    out_shape = (b, h, n if is_causal else 1, 1)
-    mu = torch.empty(out_shape, dtype=torch.float32, device=k.device)
-    l1 = torch.empty(out_shape, dtype=torch.float32, device=k.device)
-    block_n, block_d = _slice_blocks(n, d)
-    with _device_guard(k):
-        kernels.row_l1[_slice_grid(b * h, n, block_n)](
-            k, pad, row_l1, h, n, *k.stride(),
-            D=d, K_ALIGN=_row_alignment(k), HAS_PAD=key_padding_mask is not None, BLOCK_N=block_n, BLOCK_D=block_d,
-            num_warps=ELEMENTWISE_NUM_WARPS,
-        )  # fmt: skip
-        kernels.mu_scan[(b * h,)](
-            row_l1, pad, mu, l1, h, n, float(width), eps,
-            HAS_PAD=key_padding_mask is not None, CAUSAL=is_causal, BLOCK_N=SCAN_BLOCK, num_warps=SCAN_NUM_WARPS,
-        )  # fmt: skip
-    return mu, l1
+    """``(tau, ||K||_1)``, float32: tau = lambd * mu (``pcp``: lambd / mu), mu as in ``_pap.pap_mu``.
+
+    With the defaults tau is mu itself. tau is (B, H, 1, 1), or (B, H, N, 1) when causal or
+    ``per_row`` (each row holding its slice's value); ||K||_1 is (B, H, 1, 1), or the prefix sums
+    (B, H, N, 1) when causal.
+    """
+    return _mu_forward(k, key_padding_mask, width, is_causal, eps, lambd, pcp, per_row)
 
 
 @pap_mu_op.register_fake
-def _(k, key_padding_mask, width, is_causal, eps):
-    b, h, n, _ = k.shape
-    mu = k.new_empty((b, h, n if is_causal else 1, 1), dtype=torch.float32)
-    return mu, torch.empty_like(mu)
+def _(k, key_padding_mask, width, is_causal, eps, lambd=1.0, pcp=False, per_row=False):
+    tau_shape, l1_shape = _tau_shapes(k, is_causal, per_row)
+    return k.new_empty(tau_shape, dtype=torch.float32), k.new_empty(l1_shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("kpca::pap_mu_backward", mutates_args=())
@@ -352,59 +480,103 @@ def pap_mu_backward_op(
     grad_mu: torch.Tensor,
     is_causal: bool,
     eps: float,
+    pcp: bool = False,
 ) -> torch.Tensor:
-    """The gradient of K in :func:`pap_mu_op` from the incoming mu gradient."""
-    b, h, n, d = k.shape
-    g_row = torch.empty(mu.numel(), dtype=torch.float32, device=k.device)
-    grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    block_n, block_d = _slice_blocks(n, d)
-    with _device_guard(k):
-        kernels.mu_grad_scan[(b * h,)](
-            grad_mu.contiguous(), mu, l1, g_row, n, eps, CAUSAL=is_causal, BLOCK_N=SCAN_BLOCK, num_warps=SCAN_NUM_WARPS
-        )  # fmt: skip
-        kernels.row_l1_bwd[_slice_grid(b * h, n, block_n)](
-            k, _padding(key_padding_mask, k), g_row, grad_k, h, n, *k.stride(),
-            D=d, K_ALIGN=_row_alignment(k), G_PER_ROW=is_causal, HAS_PAD=key_padding_mask is not None,
-            BLOCK_N=block_n, BLOCK_D=block_d, num_warps=ELEMENTWISE_NUM_WARPS,
-        )  # fmt: skip
-    return grad_k
+    """The gradient of K in :func:`pap_mu_op` from the gradient of its first output (``mu``: tau, or mu itself)."""
+    return _mu_backward(k, key_padding_mask, mu, l1, grad_mu, is_causal, eps, pcp)
 
 
 @pap_mu_backward_op.register_fake
-def _(k, key_padding_mask, mu, l1, grad_mu, is_causal, eps):
+def _(k, key_padding_mask, mu, l1, grad_mu, is_causal, eps, pcp=False):
     return torch.empty_like(k, memory_format=torch.contiguous_format)
 
 
 def _pap_mu_setup(ctx, inputs, output) -> None:
-    k, key_padding_mask, _, is_causal, eps = inputs
+    k, key_padding_mask, _, is_causal, eps, _, pcp, _ = inputs
+    ctx.set_materialize_grads(False)  # ||K||_1 is non-differentiable: no zeros for its gradient
     ctx.mark_non_differentiable(output[1])
     ctx.save_for_backward(k, key_padding_mask, *output)
-    ctx.meta = (is_causal, eps)
+    ctx.meta = (is_causal, eps, pcp)
 
 
-def _pap_mu_backward(ctx, grad_mu, _grad_l1):
-    k, key_padding_mask, mu, l1 = ctx.saved_tensors
-    return pap_mu_backward_op(k, key_padding_mask, mu, l1, grad_mu, *ctx.meta), None, None, None, None
+def _pap_mu_backward(ctx, grad_tau, _grad_l1):
+    k, key_padding_mask, tau, l1 = ctx.saved_tensors
+    return pap_mu_backward_op(k, key_padding_mask, tau, l1, grad_tau, *ctx.meta), *(None,) * 7
 
 
 pap_mu_op.register_autograd(_pap_mu_backward, setup_context=_pap_mu_setup)
 
 
-def _contiguous_or(t: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
-    """``t`` made contiguous, or a tensor the kernel never reads (its flag for ``t`` is off)."""
-    return placeholder if t is None else t.contiguous()
+# --- eager path: autograd Functions ---------------------------------------------------------
 
 
-def _padding(key_padding_mask: torch.Tensor | None, k: torch.Tensor) -> torch.Tensor:
-    """The (B, N) padding mask as int8 (1 = padded), or a tensor the kernel never reads."""
-    return k if key_padding_mask is None else key_padding_mask.to(torch.int8).contiguous()
+class _PapFirst(Function):
+    """Eager :func:`pap_first_op`: ``(S, Kt)``, saving the int8 sign."""
+
+    @staticmethod
+    def forward(ctx, k, tau):
+        s, kt, sign = _first_forward(k, tau)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(sign)
+        ctx.meta = (k.dtype, _tau_div(k, tau))
+        return s, kt
+
+    @staticmethod
+    def backward(ctx, grad_s, grad_kt):
+        (sign,) = ctx.saved_tensors
+        return _first_backward(sign, grad_s, grad_kt, *ctx.meta)
+
+
+class _PapStep(Function):
+    """Eager :func:`pap_step_op`: ``(Z', S', Kt)``, saving the int8 sign."""
+
+    @staticmethod
+    def forward(ctx, k, tau, l, z, s):  # noqa: E741
+        z_new, s_new, kt, sign = _step_forward(k, tau, l, z, s)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(sign)
+        ctx.meta = (k.dtype, l.dtype, _tau_div(k, tau), z is not None)
+        return z_new, s_new, kt
+
+    @staticmethod
+    def backward(ctx, grad_z_new, grad_s_new, grad_kt):
+        (sign,) = ctx.saved_tensors
+        has_z = ctx.meta[3]
+        grad_k, grad_tau, grad_l, grad_z, grad_s = _step_backward(sign, grad_z_new, grad_s_new, grad_kt, *ctx.meta)
+        return grad_k, grad_tau, grad_l, grad_z if has_z else None, grad_s
+
+
+class _PapMu(Function):
+    """Eager :func:`pap_mu_op`: tau alone, saving K, the mask, tau and ||K||_1."""
+
+    @staticmethod
+    def forward(ctx, k, key_padding_mask, width, is_causal, eps, lambd, pcp, per_row):
+        tau, l1 = _mu_forward(k, key_padding_mask, width, is_causal, eps, lambd, pcp, per_row)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(k, key_padding_mask, tau, l1)
+        ctx.meta = (is_causal, eps, pcp)
+        return tau
+
+    @staticmethod
+    def backward(ctx, grad_tau):
+        k, key_padding_mask, tau, l1 = ctx.saved_tensors
+        return _mu_backward(k, key_padding_mask, tau, l1, grad_tau, *ctx.meta), *(None,) * 7
 
 
 # --- what functional.rpc_attention calls ----------------------------------------------------
 
 
+def _eager(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call takes the eager path: plain tensors, nothing tracing it (else the custom ops)."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return False
+    return all(t is None or type(t) in _PLAIN_TENSORS for t in tensors)
+
+
 def pap_first(k: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``_pap.PapFirst.apply`` on the Triton kernels: ``(S, Kt)``."""
+    if _eager(k, tau):
+        return _PapFirst.apply(k, tau)
     s, kt, _ = pap_first_op(k, tau)
     return s, kt
 
@@ -417,15 +589,40 @@ def pap_step(
     s: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_pap.PapStep.apply`` on the Triton kernels: ``(Z', S', Kt)``."""
+    if _eager(k, tau, l, z, s):
+        return _PapStep.apply(k, tau, l, z, s)
     z_new, s_new, kt, _ = pap_step_op(k, tau, l, z, s)
     return z_new, s_new, kt
+
+
+def pap_tau(
+    k: torch.Tensor,
+    width: int,
+    lambd: float,
+    *,
+    pcp: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """The threshold ``lambd * _pap.pap_mu(...)`` (``pcp``: ``lambd / _pap.pap_mu(...)``), (B, H, N, 1) float32.
+
+    One value per row (each row of a non-causal slice holds the slice's), with its gradient to K through
+    mu and ||K||_1, in the two launches of mu: no separate torch op for the product or the quotient.
+    """
+    args = (k, key_padding_mask, width, is_causal, L1_EPS, lambd, pcp, True)
+    if _eager(k, key_padding_mask):
+        return _PapMu.apply(*args)
+    return pap_mu_op(*args)[0]
 
 
 def pap_mu(
     k: torch.Tensor, width: int, *, key_padding_mask: torch.Tensor | None = None, is_causal: bool = False
 ) -> torch.Tensor:
     """``_pap.pap_mu`` on the Triton kernels: (B, H, 1, 1), or (B, H, N, 1) when causal, float32."""
-    return pap_mu_op(k, key_padding_mask, width, is_causal, L1_EPS)[0]
+    args = (k, key_padding_mask, width, is_causal, L1_EPS, 1.0, False, False)
+    if _eager(k, key_padding_mask):
+        return _PapMu.apply(*args)
+    return pap_mu_op(*args)[0]
 
 
 def try_launch(device: torch.device) -> None:
@@ -435,6 +632,6 @@ def try_launch(device: torch.device) -> None:
     GPU, a driver error); ``auto`` calls it once per process before its first Triton call.
     """
     ones = torch.ones(1, 1, 1, 1, device=device)  # (B, H, N, D) keys, and a (B, H, 1, 1) tau
-    pap_first_op(ones, ones)
+    _first_forward(ones, ones)
     if ones.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():  # no sync in a CUDA graph
         torch.cuda.synchronize(ones.device)  # a launch fault is asynchronous: surface it here
