@@ -1,6 +1,8 @@
 """Training-step time of the symmetric and RPC language models, and Lightning's token throughput vs a plain loop.
 
-Every case runs in a fresh Python process. Legend: B batch, N context (256), V vocabulary (8000).
+Every case runs in a fresh Python process. Without ``--paper-size`` (the default on CPU) the script measures parts 1
+and 2; ``--paper-size`` (the default with ``--device cuda``) measures part 3 instead. Legend: B batch, N context
+(256), V vocabulary (8000; part 3: 267,735).
 
 1. Step time: one forward + backward + Adam step of :class:`~kpca.language_model.model.CausalTransformerLM` at
    the paper's WikiText-103 shapes (16 post-LN layers, width 128, 8 heads, FFN 2048, context 256, dropout 0.1,
@@ -17,14 +19,28 @@ Every case runs in a fresh Python process. Legend: B batch, N context (256), V v
    ``on_train_batch_end`` hooks), so that it covers loading the batch and every hook; the fastest step counts,
    and the table also shows the throughput over all timed steps. Plain and Lightning runs alternate (one pair per
    round) and the best run of each counts.
+3. The paper's model at its real size (``--paper-size``): the training step of the authors' set-up as the app's
+   ``configs/language_model/lm-16l128d_{symmetric,rpc}_1xb96-500k_wikitext103-256_published.yaml`` train it (the
+   network's arguments, vocabulary, context, batch 96, Adam and clipping read from those files: 16 post-LN layers,
+   width 128, 8 heads, FFN 2048 with ReLU, no attention biases, an adaptive softmax over 267,735 words; RPC with 2
+   iterations in all layers, backend auto, i.e. Triton on CUDA and torch on CPU): ``token_nll(...).mean()``, the
+   app's training loss, on random tokens drawn with Zipf (1 / rank) frequencies, so that the adaptive softmax's
+   clusters see about the shares of real text; backward, clipping, Adam. Symmetric and RPC, eager and compiled (the
+   trunk, ``LanguageModelModule.compiled_methods``, as ``--model.compile true`` compiles it), each in its own
+   process: ``--warmup`` untimed steps (compiled, the first includes the compilation and is reported), then the
+   median of ``--steps`` timed steps, each synchronised. The table gives tokens/s, ms/step, the ratio to the
+   symmetric model of the same mode and the peak GPU memory. ``--vocab``, ``--context``, ``--depth`` and
+   ``--batch`` shrink it for a CPU run (the adaptive cutoffs scaled to the vocabulary).
 
 Run from the repository root::
 
     python benchmarks/language_model.py --quick      # 4 and 2 layers, fewer steps, one round
     python benchmarks/language_model.py --threads 1  # the shapes above, two rounds: ~3 min on 2 busy CPU cores
-    python benchmarks/language_model.py --device cuda --check --output bench.md   # bf16 autocast; exit 1 on FAIL
+    python benchmarks/language_model.py --device cuda --no-paper-size --check --output bench.md   # parts 1 and 2
+    python benchmarks/language_model.py --device cuda --output lm_cuda.md   # part 3: batch 96, eager and compiled
+    python benchmarks/language_model.py --paper-size --vocab 2000 --context 32 --depth 2 --batch 2 --steps 2 --warmup 1
 
-On CUDA both parts run under bf16 autocast (Lightning: ``precision="bf16-mixed"``), as the paper's configs do.
+On CUDA every part runs under bf16 autocast (Lightning: ``precision="bf16-mixed"``), as the paper's configs do.
 Timings take the minimum over repeats because that is the one least disturbed by other load. Intra-op threads are
 torch's default; on a CPU shared with other busy processes they oversubscribe the cores and every step slows down
 erratically, so use ``--threads 1`` there.
@@ -39,6 +55,17 @@ import sys
 import time
 
 from harness import Check, check, spawn, write_report
+from vision_cls import (
+    STEP_MODES,
+    autocast,
+    csv,
+    environment,
+    progress,
+    render_targets,
+    spawn_or_error,
+    synchronize,
+    time_steps,
+)
 
 # torch and Lightning are imported inside the worker functions: the parent only spawns workers and skips their
 # ~5 s of imports.
@@ -58,6 +85,7 @@ LR = 2.5e-4
 GRAD_CLIP = 0.25
 STEP_WARMUP = 2  # untimed steps before the step-time measurements
 FIT_WARMUP = 3  # untimed steps at the start of each fit
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def build_net(depth: int, spec: dict):
@@ -71,21 +99,6 @@ def build_net(depth: int, spec: dict):
     return CausalTransformerLM(
         VOCAB, CONTEXT, WIDTH, depth, HEADS, FFN_DIM, DROPOUT, attention=AttentionSpec(**spec), norm_position="post"
     )
-
-
-def autocast(device: str):
-    """bf16 autocast on CUDA; a no-op context on CPU (fp32)."""
-    import torch
-
-    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda")
-
-
-def synchronize(device: str) -> None:
-    """Wait for queued CUDA work so that wall-clock times cover it."""
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def run_step_case(case: dict) -> dict:
@@ -229,14 +242,13 @@ def run_fit_case(case: dict) -> dict:
 
 
 def run_case(case: dict) -> dict:
-    """Run one case in this process; the result also names the torch version, the threads and the device."""
+    """Run one case in this process; the result also names the torch and Triton versions, threads and device."""
     import torch
 
     if case["threads"]:
         torch.set_num_threads(case["threads"])
-    result = run_step_case(case) if case["kind"] == "step" else run_fit_case(case)
-    name = torch.cuda.get_device_name() if case["device"] == "cuda" else "CPU"
-    return {**result, "torch": torch.__version__, "threads": torch.get_num_threads(), "device_name": name}
+    run = {"step": run_step_case, "fit": run_fit_case, "paper": run_paper_case}
+    return {**run[case["kind"]](case), **environment(case["device"])}
 
 
 def spawn_case(case: dict) -> dict:
@@ -293,22 +305,205 @@ def render(step_runs: dict, fit_runs: dict, args: argparse.Namespace) -> tuple[s
     return "\n".join(lines) + "\n", all(check[-1] for check in checks)
 
 
+# Part 3: the paper's model at its real size (--paper-size).
+
+PAPER_CONFIGS = {  # attention -> (label, the app's config of the authors' set-up)
+    "symmetric": ("symmetric", "configs/language_model/lm-16l128d_symmetric_1xb96-500k_wikitext103-256_published.yaml"),
+    "rpc": (
+        "RPC, 2 iterations in all layers",
+        "configs/language_model/lm-16l128d_rpc_1xb96-500k_wikitext103-256_published.yaml",
+    ),
+}
+PUBLISHED_VOCAB = 267735  # WikiText-103's word vocabulary, for which the configs' adaptive cutoffs are set
+
+
+def read_paper_config(attention: str) -> dict:
+    """What a step of the ``attention`` model needs from its published config: net arguments, sizes, Adam, clipping."""
+    import yaml
+
+    with open(os.path.join(REPO, PAPER_CONFIGS[attention][1])) as f:
+        config = yaml.safe_load(f)
+    return {
+        "init_args": config["model"]["net"]["init_args"],
+        "vocab": config["data"]["tokenizer"]["vocab_size"],
+        "context": config["data"]["context"],
+        "batch": config["data"]["batch_size"],
+        "optimizer": config["model"]["optimizer"],
+        "grad_clip": config["trainer"]["gradient_clip_val"],
+    }
+
+
+def scaled_cutoffs(cutoffs: list[int], vocab: int) -> list[int]:
+    """The adaptive softmax's cutoffs scaled from WikiText-103's vocabulary to ``vocab`` (as the app suggests)."""
+    if vocab == PUBLISHED_VOCAB:
+        return cutoffs
+    return sorted({min(max(round(c * vocab / PUBLISHED_VOCAB), 1), vocab - 1) for c in cutoffs})
+
+
+def build_paper_step(case: dict):
+    """The seeded published model of ``case`` and a closure running one training step as the app trains it.
+
+    The step is ``token_nll(inputs, targets).mean()`` (LanguageModelModule's training loss) under bf16 autocast on
+    CUDA, backward, gradient-norm clipping and the config's optimizer, on a fixed batch of random tokens drawn with
+    Zipf (1 / rank) frequencies, so that the adaptive softmax's clusters see about the shares of real text. Compiled,
+    the network's ``LanguageModelModule.compiled_methods`` (its trunk) are compiled in place, as ``--model.compile
+    true`` does.
+    """
+    import torch
+
+    from kpca.attention import AttentionSpec
+    from kpca.language_model.model import CausalTransformerLM
+    from kpca.language_model.module import LanguageModelModule
+    from kpca.training.module import CompileOptions, compile_in_place
+
+    config, device, vocab = case["config"], case["device"], case["vocab"]
+    init = dict(config["init_args"], attention=AttentionSpec(**config["init_args"]["attention"]))
+    init["adaptive_cutoffs"] = scaled_cutoffs(init["adaptive_cutoffs"], vocab)
+    init["depth"] = case["depth"] or init["depth"]
+    torch.manual_seed(0)
+    net = CausalTransformerLM(vocab_size=vocab, context=case["context"], **init).to(device)
+    if case["mode"] == "compiled":
+        compile_in_place(net, LanguageModelModule.compiled_methods, CompileOptions())
+    optimizer_class = getattr(torch.optim, config["optimizer"]["class_path"].rsplit(".", 1)[-1])
+    optimizer = optimizer_class(net.parameters(), **config["optimizer"]["init_args"])
+    zipf = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)  # (V,) word frequencies ~ 1 / rank
+    tokens = torch.multinomial(zipf, case["batch"] * (case["context"] + 1), replacement=True)
+    tokens = tokens.view(case["batch"], case["context"] + 1).to(device)  # (B, N + 1)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (B, N) each
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device):
+            loss = net.token_nll(inputs, targets).mean()  # mean over B * N
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), config["grad_clip"])
+        optimizer.step()
+
+    return step
+
+
+def run_paper_case(case: dict) -> dict:
+    """Time one model of the real-size table (see :func:`vision_cls.time_steps`)."""
+    return time_steps(build_paper_step(case), case["device"], case["warmup"], case["steps"])
+
+
+def paper_rows(modes: list[str]) -> list[tuple[str, str]]:
+    """The (mode, attention) rows in running order: eager ones first."""
+    return [(mode, attention) for mode in STEP_MODES if mode in modes for attention in PAPER_CONFIGS]
+
+
+def paper_table(results: dict[tuple[str, str], dict], tokens_per_step: int) -> list[str]:
+    """Markdown rows of the real-size table, with each row's ratio to the symmetric model of the same mode."""
+    lines = [
+        "| mode | attention | tokens/s | ms/step | / symmetric | peak GPU memory (GiB) | first step (s) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for (mode, attention), r in results.items():
+        head = f"| {mode} | {PAPER_CONFIGS[attention][0]} |"
+        if "time_ms" not in r:
+            lines.append(f"{head} failed: {r['error']} | | | | |")
+            continue
+        base = results.get((mode, "symmetric"), {})
+        ratio = f"{r['time_ms'] / base['time_ms']:.3f}" if "time_ms" in base else "-"
+        peak = "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+        lines.append(
+            f"{head} {tokens_per_step / r['time_ms'] * 1e3:,.0f} | {r['time_ms']:.2f} | {ratio} | {peak} "
+            f"| {r['first_step_s']:.1f} |"
+        )
+    return lines
+
+
+def paper_targets(results: dict[tuple[str, str], dict]) -> list[Check]:
+    """RPC / symmetric step time per mode where both ran, against the same 1.25 as parts 1 and 2."""
+    checks = []
+    for mode in STEP_MODES:
+        rpc, sym = results.get((mode, "rpc"), {}), results.get((mode, "symmetric"), {})
+        if "time_ms" in rpc and "time_ms" in sym:
+            checks.append(check(f"step time: RPC / symmetric, {mode}", rpc["time_ms"] / sym["time_ms"], "<=", 1.25))
+    return checks
+
+
+def render_paper(results: dict[tuple[str, str], dict], args: argparse.Namespace) -> tuple[str, bool]:
+    """The Markdown report of part 3 and whether every target passed."""
+    env = next((r for r in results.values() if "torch" in r), {})
+    dtype = "bf16 autocast" if args.device == "cuda" else "fp32"
+    init = read_paper_config("symmetric")["init_args"]
+    checks = paper_targets(results)
+    lines = [
+        f"device={args.device} ({env.get('device_name', '?')}) dtype={dtype} torch={env.get('torch', '?')} "
+        f"triton={env.get('triton', '?')} threads={env.get('threads', '?')}",
+        "",
+        f"Training step of the paper's WikiText-103 model as the `_published` configs train it: "
+        f"{args.depth or init['depth']} post-LN layers, width {init['width']}, {init['num_heads']} heads, FFN "
+        f"{init['ffn_dim']}, adaptive softmax over {args.vocab:,} words, context {args.context}, batch {args.batch}, "
+        "Adam, clipping; Zipf-distributed random tokens. RPC: backend auto (Triton on CUDA, torch on CPU). Median of "
+        f"{args.steps} timed steps after {args.warmup} warm-up step(s), each row in its own process; compiled: the "
+        "trunk, as `--model.compile true`; its first step includes the compilation.",
+        "",
+        *paper_table(results, args.batch * args.context),
+    ]
+    if checks:
+        lines += ["", "Targets:", "", *render_targets(checks)]
+    return "\n".join(lines) + "\n", all(c[-1] for c in checks)
+
+
+def main_paper_size(args: argparse.Namespace) -> int:
+    """Part 3: each model and mode in its own process, then the report; 1 if one failed, or with --check a target."""
+    results = {}
+    for mode, attention in paper_rows(args.modes):
+        case = {
+            "kind": "paper",
+            "mode": mode,
+            "config": read_paper_config(attention),
+            **{key: getattr(args, key) for key in ("device", "batch", "context", "vocab", "depth", "warmup", "steps")},
+            "threads": args.threads,
+        }
+        results[mode, attention] = spawn_or_error(__file__, case)
+        print(f"{mode} {attention}: {progress(results[mode, attention])}", file=sys.stderr, flush=True)
+        write_report(args.output, render_paper(results, args)[0])  # the rows so far, if the run is cut
+    report, passed = render_paper(results, args)
+    print(report, end="")
+    write_report(args.output, report)
+    failed = any("error" in r for r in results.values())
+    return 1 if failed or (args.check and not passed) else 0
+
+
 def parse_args() -> argparse.Namespace:
-    """Command-line options; --quick and --device change the defaults of those left unset."""
+    """Command-line options; --quick, --device and --paper-size change the defaults of those left unset."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--batch", type=int, default=None, help="batch of both parts (default 4 on CPU, 64 on CUDA)")
+    p.add_argument(
+        "--paper-size",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run part 3 instead of parts 1 and 2 (default: on CUDA)",
+    )
+    p.add_argument("--batch", type=int, default=None, help="batch (default 4 on CPU, 64 on CUDA; part 3: 96)")
     p.add_argument("--depth", type=int, default=None, help="layers of the step-time models (default 16; --quick: 4)")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per step-time case (default 3; --quick: 2)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per case (default 3; --quick: 2; part 3: 10)")
     p.add_argument("--fit-depth", type=int, default=None, help="layers of the fitted model (default 4; --quick: 2)")
     p.add_argument("--fit-steps", type=int, default=None, help="timed steps per fit (default 12; --quick: 6)")
     p.add_argument("--rounds", type=int, default=None, help="runs of each case, in turn (default 2; --quick: 1)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="shallower models, fewer steps, one round")
+    p.add_argument("--modes", type=csv(STEP_MODES), default=list(STEP_MODES), help="part 3 (default eager,compiled)")
+    p.add_argument("--warmup", type=int, default=3, help="part 3: untimed steps before the timed ones (default 3)")
+    p.add_argument("--context", type=int, default=None, help="part 3: context N (default: the configs' 256)")
+    p.add_argument("--vocab", type=int, default=None, help="part 3: vocabulary (default: the configs' 267,735)")
     p.add_argument("--check", action="store_true", help="exit 1 if any target fails")
     p.add_argument("--output", help="also write the Markdown report to this path")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.paper_size is None:
+        args.paper_size = args.device == "cuda"
+    if args.paper_size:
+        paper = read_paper_config("symmetric")
+        for name, default in {"batch": paper["batch"], "steps": 10, "context": paper["context"]}.items():
+            setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
+        args.vocab = args.vocab or paper["vocab"]
+        if min(args.batch, args.steps, args.context, args.depth or 1, args.warmup + 1) < 1 or args.vocab < 2:
+            p.error("--batch, --steps, --context and --depth must be at least 1, --warmup 0, --vocab 2")
+        return args
     quick_defaults = {"depth": 4, "steps": 2, "fit_depth": 2, "fit_steps": 6, "rounds": 1}
     full_defaults = {"depth": 16, "steps": 3, "fit_depth": 4, "fit_steps": 12, "rounds": 2}
     for name, full in full_defaults.items():
@@ -327,6 +522,8 @@ def main() -> int:
     if args.worker:
         print(json.dumps(run_case(json.loads(args.worker))))
         return 0
+    if args.paper_size:
+        return main_paper_size(args)
     common = {"device": args.device, "batch": args.batch, "threads": args.threads}
     step_runs = {name: [] for name in MODELS}
     for _ in range(args.rounds):

@@ -1,6 +1,7 @@
 """Training-step time of DeiT, SymViT and RPC-SymViT, eager and compiled, and Lightning's throughput vs a plain loop.
 
-Every case runs in a fresh Python process.
+Every case runs in a fresh Python process. Without ``--real-size`` (the default on CPU) the script measures parts 1
+and 2 below on the CPU; ``--real-size`` (the default with ``--device cuda``) measures part 3 instead.
 
 1. Step time: one forward + backward + AdamW step of :class:`~kpca.vision_cls.model.ViTClassifier` at DeiT-tiny
    shapes (192 wide, 12 blocks, 3 heads, patch 16, 224 px, 1000 classes, no drop path) on a batch of 16 random
@@ -19,6 +20,20 @@ Every case runs in a fresh Python process.
    is timed from its start to its end (Lightning: the ``on_train_epoch_start`` / ``on_train_epoch_end`` hooks) and
    the fastest epoch counts. Plain and Lightning runs alternate (plain, lightning, plain, lightning, one pair per
    round) and the best run of each counts.
+3. Real-size training step (``--real-size``): forward + backward + AdamW step of
+   :func:`kpca.attention.vit.create_vit` DeiT-tiny and DeiT-small (batch 256, 224 px, 1000 classes, no drop path) on
+   random images, on ``--device``: on CUDA under bf16 autocast with fused AdamW, on CPU in fp32 with torch's default
+   AdamW. Rows: softmax (DeiT), symmetric (SymViT), RPC with 4 iterations in block 0 (RPC-SymViT) and RPC with 2
+   iterations in all blocks, each RPC row on the Triton and on the torch backend, eager and compiled
+   (``torch.compile(model)``). Each row runs in its own process: ``--warmup`` untimed steps (the first one, compiled,
+   includes the compilation and is reported), then the median of ``--steps`` timed steps, each synchronised. The
+   table gives img/s, ms/step, the ratio to SymViT of the same size and mode, and the peak GPU memory
+   (``max_memory_allocated``), then the targets. By default every row runs eager at both sizes, and only DeiT-tiny's
+   SymViT, RPC 2-all Triton and RPC 2-all torch run compiled (``--compiled-arches``, ``--compiled-rows``), as
+   ``make test-gpu`` needs. On CPU the Triton rows are skipped, with the reason, unless ``TRITON_INTERPRET=1``.
+   ``--profile`` adds a torch.profiler summary of one eager DeiT-tiny RPC 2-all Triton step after the warm-up
+   (torch backend on CPU without the interpreter): the top 15 kernels / ops by device time (CPU time on CPU), and
+   the step's CPU time against its device time (CPU time >= device time: the step is launch-bound).
 
 Run from the repository root::
 
@@ -26,6 +41,12 @@ Run from the repository root::
     python benchmarks/vision_cls.py             # the shapes above, two rounds: ~4 min on 2 idle CPU cores
     python benchmarks/vision_cls.py --check --output bench.md   # exit 1 if a target fails; also write Markdown
     python benchmarks/vision_cls.py --compile   # also compiled: each DeiT-tiny model compiles for 1-2 min on 2 cores
+    python benchmarks/vision_cls.py --device cuda --profile --output vision_cuda.md   # part 3: make test-gpu's rows
+    python benchmarks/vision_cls.py --device cuda --arches deit_tiny --compiled-rows symvit,rpc2all-triton
+    python benchmarks/vision_cls.py --device cpu --real-size --arches deit_tiny --batch 2 --img-size 32 --steps 2
+    python benchmarks/vision_cls.py --device cpu --real-size --modes eager --backends torch --batch 2 --img-size 32
+
+The last two run part 3 at tiny sizes on the CPU in seconds (compiled rows: a minute or two each).
 
 Timings take the minimum over repeats because that is the one least disturbed by other load. Intra-op threads are
 torch's default; on a CPU shared with other busy processes they oversubscribe the cores and every step slows down
@@ -36,11 +57,16 @@ erratically, so use ``--threads 1`` there. The digits tree is written once under
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
+import os
+import statistics
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from harness import Check, check, spawn, write_report
 
@@ -237,13 +263,13 @@ def run_fit_case(case: dict) -> dict:
 
 
 def run_case(case: dict) -> dict:
-    """Run one case in this process; the result also names the torch version and the intra-op threads."""
+    """Run one case in this process; the result also names the torch and Triton versions, threads and device."""
     import torch
 
     if case["threads"]:
         torch.set_num_threads(case["threads"])
-    result = run_step_case(case) if case["kind"] == "step" else run_fit_case(case)
-    return {**result, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    run = {"step": run_step_case, "fit": run_fit_case, "table": run_table_case, "profile": run_profile_case}
+    return {**run[case["kind"]](case), **environment(case.get("device", "cpu"))}
 
 
 def spawn_case(case: dict) -> dict:
@@ -323,11 +349,437 @@ def render(step_runs: dict, fit_runs: dict, args: argparse.Namespace) -> tuple[s
     return "\n".join(lines) + "\n", all(check[-1] for check in checks)
 
 
+# Part 3: the real-size training step (--real-size).
+
+ATTENTIONS = {  # row attention name -> MODELS key, in table order
+    "softmax": "softmax",
+    "symvit": "symmetric",
+    "rpc4b0": "rpc4-block0",
+    "rpc2all": "rpc2-all",
+}
+ARCHES = ("deit_tiny", "deit_small", "deit_base")
+RPC_BACKENDS = ("triton", "torch")
+STEP_MODES = ("eager", "compiled")
+DEFAULT_ARCHES = ("deit_tiny", "deit_small")
+DEFAULT_COMPILED_ARCHES = ("deit_tiny",)
+DEFAULT_COMPILED_ROWS = ("symvit", "rpc2all-triton", "rpc2all-torch")
+PROFILE_TOP = 15
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the real-size table: a DeiT size, an attention, its backend (RPC rows only) and eager / compiled."""
+
+    arch: str
+    attention: str
+    backend: str | None
+    mode: str
+
+    @property
+    def name(self) -> str:
+        """The row's name in ``--compiled-rows``: the attention, and the backend for RPC (``rpc2all-triton``)."""
+        return f"{self.attention}-{self.backend}" if self.backend else self.attention
+
+    @property
+    def label(self) -> str:
+        """The attention's label in the table."""
+        return MODELS[ATTENTIONS[self.attention]][0]
+
+
+def select_rows(
+    arches: Sequence[str] = DEFAULT_ARCHES,
+    attentions: Sequence[str] = tuple(ATTENTIONS),
+    backends: Sequence[str] = RPC_BACKENDS,
+    modes: Sequence[str] = STEP_MODES,
+    compiled_arches: Sequence[str] = DEFAULT_COMPILED_ARCHES,
+    compiled_rows: Sequence[str] = DEFAULT_COMPILED_ROWS,
+) -> list[Row]:
+    """The rows to run, in running order: every eager row, then the compiled ones.
+
+    Eager: every arch x attention, each RPC attention once per backend. Compiled: the same, restricted to
+    ``compiled_arches`` and to the rows named in ``compiled_rows``. The defaults are ``make test-gpu``'s selection.
+    """
+    rows = []
+    for mode in (m for m in STEP_MODES if m in modes):
+        for arch in arches:
+            if mode == "compiled" and arch not in compiled_arches:
+                continue
+            for attention in (a for a in ATTENTIONS if a in attentions):
+                for backend in backends if attention.startswith("rpc") else (None,):
+                    row = Row(arch, attention, backend, mode)
+                    if mode == "eager" or row.name in compiled_rows:
+                        rows.append(row)
+    return rows
+
+
+def autocast(device: str):
+    """bf16 autocast on CUDA; a no-op context on CPU (fp32)."""
+    import torch
+
+    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda")
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued CUDA work so that wall-clock times cover it."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(step, device: str, warmup: int, steps: int) -> dict:
+    """Run ``warmup`` untimed calls of ``step``, then ``steps`` timed ones, each synchronised.
+
+    Returns the median step time (ms), the first call's time (s; compiled, it includes the compilation), the timed
+    steps and the peak GPU memory (GiB since the process started; None on CPU).
+    """
+    import torch
+
+    times = []
+    for _ in range(warmup + steps):
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / GIB if device == "cuda" else None
+    return {
+        "time_ms": statistics.median(times[warmup:]) * 1e3,
+        "first_step_s": times[0],
+        "steps": steps,
+        "peak_gib": peak,
+    }
+
+
+def environment(device: str) -> dict:
+    """The torch and Triton versions, intra-op threads and device name of this process."""
+    import importlib.metadata
+
+    import torch
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = "not installed"
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    return {"torch": torch.__version__, "triton": triton, "threads": torch.get_num_threads(), "device_name": name}
+
+
+def build_vit_step(case: dict):
+    """The seeded ViT of ``case`` on its device, eager or ``torch.compile``-d, and a closure running one AdamW step.
+
+    The step is forward (bf16 autocast on CUDA) + cross-entropy + backward + AdamW (fused on CUDA) on random images
+    in [0, 1] and random labels of 1000 classes.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from kpca.attention import AttentionSpec
+    from kpca.attention.vit import create_vit
+
+    torch.manual_seed(0)
+    device, size = case["device"], case["img_size"]
+    spec = dict(MODELS[ATTENTIONS[case["attention"]]][1], backend=case["backend"] or "auto")
+    depth = {"depth": case["depth"]} if case.get("depth") else {}
+    net = create_vit(case["arch"], AttentionSpec(**spec), num_classes=1000, img_size=size, **depth).to(device)
+    model = torch.compile(net) if case["mode"] == "compiled" else net
+    optimizer = torch.optim.AdamW(net.parameters(), fused=device == "cuda")
+    images = torch.rand(case["batch"], 3, size, size, device=device)  # (B, 3, H, W) in [0, 1]
+    labels = torch.randint(0, 1000, (case["batch"],), device=device)  # (B,)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device):
+            logits = model(images)  # (B, 1000)
+        F.cross_entropy(logits.float(), labels).backward()
+        optimizer.step()
+
+    return step
+
+
+def run_table_case(case: dict) -> dict:
+    """Time one row of the real-size table (see :func:`time_steps`)."""
+    return time_steps(build_vit_step(case), case["device"], case["warmup"], case["steps"])
+
+
+def run_profile_case(case: dict) -> dict:
+    """Profile one training step after the warm-up; returns the top ops and the step's CPU and device time (ms).
+
+    On CUDA the top ops are the kernels by device time (user annotations left out, as torch's own totals do) and the
+    device time is the sum of the step's kernel times; on CPU they are the ops by self CPU time, device time None.
+    The CPU time is the host's time inside the step, up to the return of ``optimizer.step()`` (no synchronisation
+    inside), the time it takes to issue the step's work.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    device = case["device"]
+    step = build_vit_step(case)
+    for _ in range(case["warmup"]):
+        step()
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        with record_function("training_step"):
+            step()
+        synchronize(device)
+    events = prof.events()
+    cpu_us = sum(e.cpu_time_total for e in events if e.name == "training_step")
+    if device == "cuda":
+        kernels = [e for e in events if e.device_type != torch.autograd.DeviceType.CPU]
+        kernels = [e for e in kernels if not getattr(e, "is_user_annotation", False)]
+        totals: dict[str, list[float]] = {}
+        for e in kernels:
+            calls_us = totals.setdefault(e.name, [0, 0.0])
+            calls_us[0] += 1
+            calls_us[1] += e.device_time_total
+        ops = [(name, calls, us / 1e3) for name, (calls, us) in totals.items()]
+        device_ms = sum(e.device_time_total for e in kernels) / 1e3
+    else:
+        averages = [e for e in prof.key_averages() if e.key != "training_step"]
+        ops = [(e.key, e.count, e.self_cpu_time_total / 1e3) for e in averages]
+        device_ms = None
+    ops.sort(key=lambda op: -op[2])
+    return {
+        "ops": ops[:PROFILE_TOP],
+        "cpu_ms": cpu_us / 1e3,
+        "device_ms": device_ms,
+        "total_ms": sum(o[2] for o in ops),
+    }
+
+
+def triton_skip_reason(row: Row, device: str) -> str | None:
+    """Why ``row`` cannot run on ``device`` in this environment (Triton rows on CPU without the interpreter)."""
+    interpret = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on", "y")
+    if row.backend == "triton" and device == "cpu" and not interpret:
+        return "the Triton backend needs CUDA (on CPU only under TRITON_INTERPRET=1)"
+    return None
+
+
+def spawn_or_error(script: str, case: dict) -> dict:
+    """``script --worker <case>``'s result in a fresh process, or ``{"error": <its last stderr line>}`` if it fails."""
+    try:
+        return spawn(script, ["--worker", json.dumps(case)])
+    except RuntimeError as err:
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        return {"error": lines[-1] if lines else "failed"}
+
+
+def table_case(row: Row, args: argparse.Namespace) -> dict:
+    """The worker case of ``row`` with the run's sizes."""
+    return {
+        "kind": "table",
+        **dataclasses.asdict(row),
+        "device": args.device,
+        "batch": args.batch,
+        "img_size": args.img_size,
+        "depth": args.depth,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "threads": args.threads,
+    }
+
+
+def run_row(row: Row, args: argparse.Namespace) -> dict:
+    """The result of one row: measured in its own process, or skipped / failed with the reason."""
+    reason = triton_skip_reason(row, args.device)
+    return {"skipped": reason} if reason else spawn_or_error(__file__, table_case(row, args))
+
+
+def profile_row(device: str) -> Row:
+    """The profiled row: eager DeiT-tiny RPC 2-all on Triton, on torch where Triton cannot run."""
+    row = Row("deit_tiny", "rpc2all", "triton", "eager")
+    return Row("deit_tiny", "rpc2all", "torch", "eager") if triton_skip_reason(row, device) else row
+
+
+def row_ratio(results: dict[Row, dict], row: Row) -> float | None:
+    """The step time of ``row`` over SymViT's of the same size and mode, when both were measured."""
+    base = results.get(Row(row.arch, "symvit", None, row.mode), {})
+    if "time_ms" not in results[row] or "time_ms" not in base:
+        return None
+    return results[row]["time_ms"] / base["time_ms"]
+
+
+def row_order(row: Row) -> tuple:
+    """Sort key of the table: size, mode, attention, backend (Triton first)."""
+    backends = (None, *RPC_BACKENDS)
+    return row.arch, STEP_MODES.index(row.mode), list(ATTENTIONS).index(row.attention), backends.index(row.backend)
+
+
+def table_rows(results: dict[Row, dict], batch: int) -> list[str]:
+    """Markdown rows of the real-size table, by size, mode and attention."""
+    lines = [
+        "| size | mode | attention | backend | img/s | ms/step | / SymViT | peak GPU memory (GiB) | first step (s) |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in sorted(results, key=row_order):
+        r, head = results[row], f"| {row.arch} | {row.mode} | {row.label} | {row.backend or '-'} |"
+        if "time_ms" not in r:
+            why = f"skipped: {r['skipped']}" if "skipped" in r else f"failed: {r['error']}"
+            lines.append(f"{head} {why} | | | | |")
+            continue
+        ratio = row_ratio(results, row)
+        peak = "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+        lines.append(
+            f"{head} {batch / r['time_ms'] * 1e3:,.0f} | {r['time_ms']:.2f} | "
+            f"{'-' if ratio is None else f'{ratio:.3f}'} | {peak} | {r['first_step_s']:.1f} |"
+        )
+    return lines
+
+
+def table_targets(results: dict[Row, dict]) -> list[Check]:
+    """The targets whose rows were measured: DeiT-tiny RPC 2-all Triton / SymViT, and Triton vs torch per RPC row."""
+    checks = []
+    for mode, limit in (("eager", 1.35), ("compiled", 1.2)):
+        row = Row("deit_tiny", "rpc2all", "triton", mode)
+        ratio = row_ratio(results, row) if row in results else None
+        if ratio is not None:
+            checks.append(check(f"deit_tiny RPC 2-all (Triton) / SymViT, {mode}", ratio, "<=", limit))
+    for row in results:
+        torch_row = dataclasses.replace(row, backend="torch")
+        if row.backend == "triton" and "time_ms" in results[row] and "time_ms" in results.get(torch_row, {}):
+            ratio = results[row]["time_ms"] / results[torch_row]["time_ms"]
+            checks.append(check(f"{row.arch} {row.label}, {row.mode}: Triton / torch", ratio, "<=", 1.0))
+    return checks
+
+
+def render_targets(checks: list[Check]) -> list[str]:
+    """One ``- <name>: <value> (target <op> <target>) PASS|FAIL`` line per check, as benchmarks/attention.py."""
+    return [f"- {n}: {v:.3f} (target {op} {t}) {'PASS' if ok else 'FAIL'}" for n, v, op, t, ok in checks]
+
+
+def render_profile(profile: dict, row: Row, batch: int, img_size: int) -> list[str]:
+    """The Markdown section of :func:`run_profile_case`'s result (or of its failure)."""
+    lines = [
+        "",
+        f"## Profile: one training step of {row.arch}, {row.label}, {row.backend} backend, eager",
+        "",
+    ]
+    if "error" in profile:
+        return [*lines, f"Profiling failed: {profile['error']}"]
+    cuda = profile["device_ms"] is not None
+    lines.append(
+        f"Batch {batch}, {img_size} px, after the warm-up. "
+        + (
+            f"CPU time of the step: {profile['cpu_ms']:.2f} ms; device time (sum of its kernel times): "
+            f"{profile['device_ms']:.2f} ms; launch-bound (CPU time >= device time): "
+            f"{'yes' if profile['cpu_ms'] >= profile['device_ms'] else 'no'}."
+            if cuda
+            else f"CPU time of the step: {profile['cpu_ms']:.2f} ms; device time: n/a (a CPU run)."
+        )
+    )
+    what = "kernel" if cuda else "op"
+    lines += [
+        "",
+        f"Top {PROFILE_TOP} {what}s by {'device' if cuda else 'self CPU'} time:",
+        "",
+        f"| {what} | calls | {'device' if cuda else 'self CPU'} time (ms) | share |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, calls, ms in profile["ops"]:
+        name = name.replace("|", "\\|")
+        lines.append(f"| `{name[:100]}` | {calls} | {ms:.3f} | {ms / max(profile['total_ms'], 1e-9):.1%} |")
+    return lines
+
+
+def render_real_size(results: dict[Row, dict], profile: dict | None, args: argparse.Namespace) -> tuple[str, bool]:
+    """The Markdown report of part 3 and whether every target passed."""
+    env = next((r for r in results.values() if "torch" in r), {})
+    dtype = "bf16 autocast, fused AdamW" if args.device == "cuda" else "fp32, AdamW"
+    lines = [
+        f"device={args.device} ({env.get('device_name', '?')}) dtype={dtype} torch={env.get('torch', '?')} "
+        f"triton={env.get('triton', '?')} threads={env.get('threads', '?')}",
+        "",
+        f"Training step (forward + cross-entropy + backward + AdamW), batch {args.batch}, {args.img_size} px, "
+        f"1000 classes, random inputs: median of {args.steps} timed steps after {args.warmup} warm-up step(s), "
+        "each row in its own process; compiled: `torch.compile(model)`, its first step includes the compilation.",
+        "",
+        *table_rows(results, args.batch),
+    ]
+    checks = table_targets(results)
+    if checks:
+        lines += ["", "Targets:", "", *render_targets(checks)]
+    if profile is not None:
+        lines += render_profile(profile, profile_row(args.device), args.batch, args.img_size)
+    return "\n".join(lines) + "\n", all(c[-1] for c in checks)
+
+
+def progress(result: dict) -> str:
+    """One row's result in a few words, for the progress lines on stderr."""
+    if "time_ms" in result:
+        return f"{result['time_ms']:.2f} ms/step, first step {result['first_step_s']:.1f} s"
+    return f"skipped: {result['skipped']}" if "skipped" in result else f"failed: {result['error']}"
+
+
+def main_real_size(args: argparse.Namespace) -> int:
+    """Part 3: each selected row in its own process, then the report; 1 if a row failed, or with --check a target."""
+    options = (args.arches, args.attentions, args.backends, args.modes, args.compiled_arches, args.compiled_rows)
+    results: dict[Row, dict] = {}
+    for row in select_rows(*options):
+        results[row] = run_row(row, args)
+        print(f"{row.arch} {row.mode} {row.name}: {progress(results[row])}", file=sys.stderr, flush=True)
+        write_report(args.output, render_real_size(results, None, args)[0])  # the rows so far, if the run is cut
+    profile = None
+    if args.profile:
+        profile = spawn_or_error(__file__, {**table_case(profile_row(args.device), args), "kind": "profile"})
+    report, passed = render_real_size(results, profile, args)
+    print(report, end="")
+    write_report(args.output, report)
+    failed = any("error" in r for r in [*results.values(), profile or {}])
+    return 1 if failed or (args.check and not passed) else 0
+
+
+def csv(choices: Sequence[str]):
+    """An argparse type: a comma-separated list of names, each one of ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        names = [name for name in text.split(",") if name]
+        unknown = [name for name in names if name not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(choices)}")
+        return names
+
+    return parse
+
+
+def add_real_size_options(p: argparse.ArgumentParser) -> None:
+    """The options of part 3 (the real-size training step)."""
+    g = p.add_argument_group("real-size training step (part 3)")
+    g.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where part 3 runs (default cpu)")
+    g.add_argument(
+        "--real-size",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run part 3 instead of parts 1 and 2 (default: with --device cuda)",
+    )
+    g.add_argument("--arches", type=csv(ARCHES), default=list(DEFAULT_ARCHES), help="default deit_tiny,deit_small")
+    g.add_argument("--attentions", type=csv(tuple(ATTENTIONS)), default=list(ATTENTIONS), help="default: all")
+    g.add_argument("--backends", type=csv(RPC_BACKENDS), default=list(RPC_BACKENDS), help="RPC rows' (default: both)")
+    g.add_argument("--modes", type=csv(STEP_MODES), default=list(STEP_MODES), help="default eager,compiled")
+    g.add_argument(
+        "--compiled-arches", type=csv(ARCHES), default=list(DEFAULT_COMPILED_ARCHES), help="default deit_tiny"
+    )
+    rows = [row.name for row in select_rows(arches=("deit_tiny",), modes=("eager",))]
+    g.add_argument(
+        "--compiled-rows",
+        type=csv(rows),
+        default=list(DEFAULT_COMPILED_ROWS),
+        help=f"rows that also run compiled (default {','.join(DEFAULT_COMPILED_ROWS)})",
+    )
+    g.add_argument("--depth", type=int, default=None, help="blocks of every ViT (default: the size's 12)")
+    g.add_argument("--steps", type=int, default=15, help="timed steps per row (default 15)")
+    g.add_argument("--warmup", type=int, default=4, help="untimed steps before them (default 4)")
+    g.add_argument("--profile", action="store_true", help="also profile one DeiT-tiny RPC 2-all Triton step")
+
+
 def parse_args() -> argparse.Namespace:
-    """Command-line options; --quick changes the defaults of those left unset."""
+    """Command-line options; --quick and --real-size change the defaults of those left unset."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=None, help="step-time batch (default 16; --quick: 4)")
-    p.add_argument("--img-size", type=int, default=None, help="step-time resolution (default 224; --quick: 128)")
+    p.add_argument("--batch", type=int, default=None, help="step-time batch (default 16; --quick: 4; part 3: 256)")
+    p.add_argument(
+        "--img-size", "--image-size", type=int, default=None, help="step-time resolution (default 224; --quick: 128)"
+    )
     p.add_argument("--epochs", type=int, default=None, help="epochs per fit, the first untimed (default 3; --quick: 2)")
     p.add_argument("--batches", type=int, default=None, help="steps per fit epoch (default all 22; --quick: 8)")
     p.add_argument("--rounds", type=int, default=None, help="runs of each case, in turn (default 2; --quick: 1)")
@@ -338,14 +790,23 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--check", action="store_true", help="exit 1 if any target fails")
     p.add_argument("--output", help="also write the Markdown report to this path")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    add_real_size_options(p)
     args = p.parse_args()
+    if args.real_size is None:
+        args.real_size = args.device == "cuda"
+    if args.device == "cuda" and not args.real_size:
+        p.error("parts 1 and 2 run on the CPU only; --device cuda runs part 3 (--real-size)")
     quick_defaults = {"batch": 4, "img_size": 128, "epochs": 2, "batches": 8, "rounds": 1}
     full_defaults = {"batch": 16, "img_size": 224, "epochs": 3, "batches": None, "rounds": 2}
+    if args.real_size:
+        full_defaults.update(batch=256, img_size=224)
     for name, full in full_defaults.items():
         if getattr(args, name) is None:
-            setattr(args, name, quick_defaults[name] if args.quick else full)
+            setattr(args, name, quick_defaults[name] if args.quick and not args.real_size else full)
     if args.epochs < 2:
         p.error("--epochs must be at least 2: the first epoch is a warm-up")
+    if min(args.steps, args.warmup + 1, args.depth or 1) < 1:
+        p.error("--steps and --depth must be at least 1, --warmup at least 0")
     return args
 
 
@@ -355,6 +816,8 @@ def main() -> int:
     if args.worker:
         print(json.dumps(run_case(json.loads(args.worker))))
         return 0
+    if args.real_size:
+        return main_real_size(args)
     step_case = {
         "kind": "step",
         "batch": args.batch,
