@@ -10,6 +10,7 @@ Run from the repository root::
     python benchmarks/attention.py                       # CPU fp32, B=1 H=4, N in {256, 1024, 4096}
     python benchmarks/attention.py --device cuda         # CUDA bf16: B*H=64 at N in {1024, 4096}; B=256 H=3 N=197
     python benchmarks/attention.py --device cuda --dtype float16   # the same cases in another dtype
+    python benchmarks/attention.py --device cuda --sweep # also the Triton launch-configuration sweep
     python benchmarks/attention.py --check --output bench.md   # exit 1 if a target fails; also write Markdown
 
 The inputs' dtype is ``--dtype``: bfloat16 on CUDA and float32 on CPU by default. Methods: ``sdpa``
@@ -25,9 +26,9 @@ memory targets use it. On CPU the table also shows "RSS growth" over the first f
 library set-up, and glibc heap fragmentation, which RPC's short-lived element-wise temporaries
 inflate well beyond the live tensors. Times are the minimum over repeats (the least disturbed).
 On CUDA the report ends with the fused PAP step's bandwidth against its physical floor, a
-``torch.clone`` of the same bytes, at N in {197, 4096}, D in {64, 72}, bfloat16 and float32, and a
-sweep of the Triton launch configuration (warps and tile size, the constants in
-``kpca.attention._triton.ops``) that picks their values.
+``torch.clone`` of the same bytes, at N in {197, 4096}, D in {64, 72}, bfloat16 and float32; with ``--sweep``
+also a sweep of the Triton launch configuration (warps and tile size, the constants in
+``kpca.attention._triton.ops``) that picks their values (about 40 s more: ``make test-gpu`` leaves it out).
 """
 
 from __future__ import annotations
@@ -175,20 +176,22 @@ def launch_config(ops, num_warps: int, block_elements: int) -> Iterator[None]:
         ops.ELEMENTWISE_NUM_WARPS, ops.MAX_BLOCK_ELEMENTS = saved
 
 
-def pap_step_bandwidth(device: str = "cuda", cases=BANDWIDTH_CASES, elements: int = BANDWIDTH_ELEMENTS) -> dict:
+def pap_step_bandwidth(
+    device: str = "cuda", cases=BANDWIDTH_CASES, elements: int = BANDWIDTH_ELEMENTS, sweep: bool = False
+) -> dict:
     """GB/s of the fused PAP step (``ops.pap_step``, forward) and of ``torch.clone`` of the same bytes, per case.
 
-    Each case (N, D, dtype name) also times every launch configuration of LAUNCH_SWEEP. On CPU
+    With ``sweep`` each case (N, D, dtype name) also times every launch configuration of LAUNCH_SWEEP. On CPU
     (under TRITON_INTERPRET=1) it only exercises the code.
     """
     from kpca.attention._triton import ops
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    rows = [bandwidth_case(ops, device, sync, n, d, getattr(torch, dtype), elements) for n, d, dtype in cases]
+    rows = [bandwidth_case(ops, device, sync, n, d, getattr(torch, dtype), elements, sweep) for n, d, dtype in cases]
     return {"rows": rows, "default": f"{ops.ELEMENTWISE_NUM_WARPS}/{ops.MAX_BLOCK_ELEMENTS}"}
 
 
-def bandwidth_case(ops, device: str, sync, n: int, d: int, dtype: torch.dtype, elements: int) -> dict:
+def bandwidth_case(ops, device: str, sync, n: int, d: int, dtype: torch.dtype, elements: int, sweep: bool) -> dict:
     """One row of :func:`pap_step_bandwidth`; K and L are the modules' strided heads of (B, N, H, D)."""
     b = max(1, elements // (BANDWIDTH_HEADS * n * d))
     shape = (b, BANDWIDTH_HEADS, n, d)  # (B, H, N, D)
@@ -201,22 +204,22 @@ def bandwidth_case(ops, device: str, sync, n: int, d: int, dtype: torch.dtype, e
     def step_gbs() -> float:
         return step_bytes / per_call_ms(lambda: ops.pap_step(k, tau, l, z, s), sync) / 1e6
 
-    sweep = {}
-    for num_warps, block_elements in LAUNCH_SWEEP:
+    swept = {}
+    for num_warps, block_elements in LAUNCH_SWEEP if sweep else ():
         with launch_config(ops, num_warps, block_elements):
-            sweep[f"{num_warps}/{block_elements}"] = step_gbs()
+            swept[f"{num_warps}/{block_elements}"] = step_gbs()
     return {
         "shape": shape,
         "dtype": str(dtype).removeprefix("torch."),
         "mb": step_bytes / MB,
         "clone_gbs": step_bytes / per_call_ms(copied.clone, sync) / 1e6,
         "pap_step_gbs": step_gbs(),  # the configuration in ops.py
-        "sweep_gbs": sweep,
+        "sweep_gbs": swept,
     }
 
 
 def render_bandwidth(bandwidth: dict) -> str:
-    """The Markdown tables of :func:`pap_step_bandwidth`: against the clone floor, then the launch sweep."""
+    """The Markdown tables of :func:`pap_step_bandwidth`: against the clone floor, then the launch sweep if it ran."""
     rows, default = bandwidth["rows"], bandwidth["default"]
     lines = [
         "Fused PAP step (`ops.pap_step`, forward) against `torch.clone` of the same bytes (its physical floor):",
@@ -231,6 +234,8 @@ def render_bandwidth(bandwidth: dict) -> str:
         for r in rows
     ]
     configs = list(rows[0]["sweep_gbs"]) if rows else []
+    if not configs:
+        return "\n".join(lines) + "\n"
     header = [f"{c.replace('/', ' warps, ')}{' (default)' if c == default else ''}" for c in configs]
     lines += [
         "",
@@ -310,6 +315,7 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="CPU: N in {256, 1024} only")
     p.add_argument("--check", action="store_true", help="exit 1 if any target fails")
+    p.add_argument("--sweep", action="store_true", help="CUDA: also sweep the Triton launch configuration")
     p.add_argument("--output", help="also write the Markdown report to this path")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--bandwidth-worker", action="store_true", help=argparse.SUPPRESS)
@@ -323,7 +329,7 @@ def main() -> int:
         print(json.dumps(run_case(json.loads(args.worker))))
         return 0
     if args.bandwidth_worker:
-        print(json.dumps(pap_step_bandwidth()))
+        print(json.dumps(pap_step_bandwidth(sweep=args.sweep)))
         return 0
     dtype = args.dtype or DEFAULT_DTYPES[args.device]
     shapes = CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES[:2] if args.quick else CPU_SHAPES
@@ -333,7 +339,8 @@ def main() -> int:
             case = {"method": method, "shape": shape, "device": args.device, "dtype": dtype}
             results[method, tuple(shape)] = spawn(__file__, ["--worker", json.dumps(case)])
     checks = target_checks(results, args.device)
-    bandwidth = spawn(__file__, ["--bandwidth-worker"]) if args.device == "cuda" else None
+    sweep = ["--sweep"] if args.sweep else []
+    bandwidth = spawn(__file__, ["--bandwidth-worker", *sweep]) if args.device == "cuda" else None
     if bandwidth is not None:
         largest = max(bandwidth["rows"], key=lambda r: (r["shape"][2], r["dtype"] == "bfloat16", -r["shape"][3]))
         ratio = largest["pap_step_gbs"] / largest["clone_gbs"]

@@ -6,6 +6,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,14 @@ def python(code: str) -> list[str]:
 def test_every_step_has_a_time_limit_and_the_limits_fit_the_budget(tmp_path: Path):
     steps = gpu_proof.build_steps(gpu_proof.ProofConfig("cuda", tmp_path))
     assert [s.name for s in steps] == list(gpu_proof.TIME_LIMITS)
-    assert sum(s.timeout_s for s in steps) < gpu_proof.BUDGET_S == 480  # 8 minutes on one GPU
+    side_by_side = [s.timeout_s for s in steps if s.name in gpu_proof.CONCURRENT_STEPS]
+    one_by_one = [s.timeout_s for s in steps if s.name not in gpu_proof.CONCURRENT_STEPS]
+    assert len(side_by_side) == 6 and len(one_by_one) == 5
+    assert max(side_by_side) + sum(one_by_one) < gpu_proof.BUDGET_S == 480  # 8 minutes on one GPU
     gpu_proof.check_budget(gpu_proof.TIME_LIMITS)
-    with pytest.raises(ValueError, match="over the 480 s budget"):
-        gpu_proof.check_budget({"a": 300, "b": 180})
+    assert gpu_proof.planned_seconds({"tests": 300, "compile": 300, "attention": 100}) == 400  # side by side
+    with pytest.raises(ValueError, match="add up to 480 s, over the 480 s budget"):
+        gpu_proof.check_budget({"tests": 300, "attention": 180})
 
 
 def test_the_two_test_steps_split_the_gpu_tests_between_them(tmp_path: Path):
@@ -50,6 +55,9 @@ def test_the_two_test_steps_split_the_gpu_tests_between_them(tmp_path: Path):
     assert compiled.command[-len(gpu_proof.COMPILE_TESTS) :] == list(gpu_proof.COMPILE_TESTS)
     assert all(Path(REPO, path.split("::")[0]).is_file() for path in gpu_proof.COMPILE_TESTS)
     assert tests.env == compiled.env == {"KPCA_REQUIRE_TRITON": "1"}  # on CUDA a broken Triton fails, never skips
+    assert tests.command[8:10] == ["-n", "6"] and compiled.command[8:10] == ["-n", "3"]  # xdist workers
+    cpu_tests = gpu_proof.build_steps(gpu_proof.ProofConfig("cpu", tmp_path))[0]
+    assert "-n" not in cpu_tests.command  # one process on the CPU
 
 
 def test_steps_are_selected_by_name_or_prefix(tmp_path: Path):
@@ -100,6 +108,62 @@ def test_a_failing_step_is_recorded_and_the_next_steps_still_run(tmp_path: Path)
     assert "### hangs: timed out" in failures and "passes" not in failures
 
 
+def test_correctness_steps_run_side_by_side_and_benchmarks_alone_after_them(tmp_path: Path):
+    """Two 1.5 s correctness steps end together; the benchmark starts after both and the results keep step order."""
+    stamp = "import sys, time; open(sys.argv[1], 'w').write(str(time.time())); time.sleep(1.5); print(time.time())"
+    steps = [
+        Step("attention", "a benchmark", [*python(stamp), str(tmp_path / "attention.start")], 60),
+        Step("tests", "a correctness step", [*python(stamp), str(tmp_path / "tests.start")], 60),
+        Step("compile", "another one", [*python(stamp), str(tmp_path / "compile.start")], 60),
+    ]
+    start = time.perf_counter()
+    results = gpu_proof.run_steps(steps, tmp_path / "work")
+    assert [r.step.name for r in results] == ["attention", "tests", "compile"]
+    assert all(r.status == "passed" for r in results)
+    starts = {name: float((tmp_path / f"{name}.start").read_text()) for name in ("attention", "tests", "compile")}
+    assert abs(starts["tests"] - starts["compile"]) < 1.0  # started together
+    assert starts["attention"] >= max(starts["tests"], starts["compile"]) + 1.4  # after both had ended
+    assert time.perf_counter() - start < 3 * 1.5 + 2
+
+
+def test_a_benchmark_cut_short_reports_the_rows_it_finished(tmp_path: Path):
+    write_then_hang = (
+        "import pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text('| row | 1.0 |\\n- ratio: 1.0 PASS\\n'); "
+        "print('wrote', flush=True); time.sleep(60)"
+    )
+    report = tmp_path / "realsize_x" / "x.md"
+    step = Step(
+        "realsize_x", "writes, then hangs", [*python(write_then_hang), str(report)], 3,
+        summarize=lambda folder: gpu_proof.benchmark_summary(folder / "x.md"), partial_results=True,
+    )  # fmt: skip
+    (result,) = gpu_proof.run_steps([step], tmp_path)
+    assert result.status == "timed out" and gpu_proof.exit_status([result]) == 1
+    assert result.summary == "cut short; targets: 1 of 1 pass" and "| row | 1.0 |" in result.details
+    assert "wrote" in result.log_tail
+
+
+def test_input_pipeline_step_times_the_cpu_paths_without_dali(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    assert gpu_proof.missing_module("no_such_module_here.sub") == (
+        "not available: no_such_module_here.sub is not installed (pip install 'kpca-vision-cls[dali]')"
+    )
+    monkeypatch.setattr(gpu_proof, "missing_module", lambda name: f"not available: {name} is not installed")
+    step = gpu_proof.input_pipeline_step(gpu_proof.ProofConfig("cuda", tmp_path))
+    assert "--dali" not in step.command and step.title.endswith("(DALI not available: nvidia.dali is not installed)")
+    monkeypatch.setattr(gpu_proof, "missing_module", lambda name: None)
+    step = gpu_proof.input_pipeline_step(gpu_proof.ProofConfig("cuda", tmp_path))
+    assert step.command[2:4] == ["--dali", "gpu"]
+
+
+def test_the_real_size_steps_run_each_apps_benchmark_with_the_proofs_selection(tmp_path: Path):
+    steps = {s.name: s for s in gpu_proof.build_steps(gpu_proof.ProofConfig("cuda", tmp_path))}
+    vision = steps["realsize_vision_cls"].command
+    assert vision[1:4] == ["benchmarks/vision_cls.py", "--device", "cuda"] and "--profile" in vision
+    assert vision[vision.index("--compiled-rows") + 1] == "symvit,rpc2all-triton"
+    assert steps["realsize_language_model"].command[1:4] == ["benchmarks/language_model.py", "--device", "cuda"]
+    assert steps["realsize_segmentation"].command[-4:-2] == ["--modes", "eager"]
+    assert all(steps[f"realsize_{app}"].partial_results for app in gpu_proof.APPS)
+
+
 def test_pytest_summary_counts_a_real_junit_report(tmp_path: Path):
     (tmp_path / "test_sample.py").write_text(
         "import pytest\n\n"
@@ -123,12 +187,14 @@ def test_the_report_is_written_whole(tmp_path: Path):
     assert path.read_text() == "new report" and [p.name for p in path.parent.iterdir()] == ["gpu.md"]
 
 
-@pytest.mark.slow  # about 30 s on 2 quiet cores, 80 s on busy ones
+@pytest.mark.slow  # about 50 s on 2 quiet cores, 110 s on busy ones
 def test_fits_run_through_the_console_scripts_and_report_their_throughput(tmp_path: Path):
-    """Two apps' fits on the CPU, 4 steps each, through the real ``vision-cls`` and ``language-model`` commands."""
+    """Two apps' fits on the CPU, 4 steps each, through the real ``vision-cls`` and ``language-model`` commands, side
+    by side; then the language model's real-size benchmark at its tiny CPU shape, its report in the proof's."""
     report = tmp_path / "report.md"
     command = [
-        sys.executable, str(SCRIPT), "--device", "cpu", "--steps", "fit_vision_cls,fit_language_model",
+        sys.executable, str(SCRIPT), "--device", "cpu",
+        "--steps", "fit_vision_cls,fit_language_model,realsize_language",
         "--fit-steps", "4", "--timeout-scale", "8", "--work-dir", str(tmp_path / "work"), "--output", str(report),
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -143,4 +209,8 @@ def test_fits_run_through_the_console_scripts_and_report_their_throughput(tmp_pa
     assert vision and lm, text
     assert float(vision[1]) > 0 and float(lm[1]) > 0 and int(lm[2]) == pytest.approx(32 * float(lm[1]), rel=0.01)
     assert "fit_vision_cls_compiled" not in text and "## Failures" not in text
+    assert re.search(
+        r"\| realsize_language_model \| [^|]+ \| passed \| [\d.]+ \| \d+ \| targets: \d of 1 pass \|", text
+    )
+    assert re.search(r"\| eager \| RPC, 2 iterations in all layers \| [\d,]+ \| [\d.]+ \| [\d.]+ \|", text)
     assert (tmp_path / "work" / "fit_vision_cls" / "log.txt").is_file()  # a given --work-dir is kept

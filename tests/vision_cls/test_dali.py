@@ -359,6 +359,7 @@ def test_fit_through_the_console_script_on_cpu(tree: Path, tmp_path: Path, devic
 @pytest.mark.gpu
 def test_gpu_pipeline_decodes_with_nvjpeg(tree: Path):
     """Device ``mixed`` (nvJPEG) and GPU operators: the same shapes, labels and (near) pixels as the CPU path."""
+    pytest.importorskip("nvidia.dali", reason="not available: NVIDIA DALI is not installed (kpca-vision-cls[dali])")
     samples = image_folder_samples(tree / "train", CLASSES)
     device = torch.device("cuda", 0)
     exact = loader(samples, single_rank(samples), recipe(224, (1.0, 1.0), 0.0, None), device=device)
