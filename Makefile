@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install demo demo-lm demo-seg smoke smoke-lm smoke-seg test test-fast test-slow test-gpu bench lint tensorboard docker clean
+.PHONY: install demo demo-lm demo-seg smoke smoke-lm smoke-seg test test-fast test-slow test-compat test-gpu bench lint tensorboard docker clean
 
 $(STAMP): requirements/constraints.txt requirements/dev.txt $(wildcard packages/*/pyproject.toml apps/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,9 +48,46 @@ test-fast: $(STAMP)  ## the inner loop: skips slow tests
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow and not gpu" -q
 
+# The oldest torch the project supports (the floor in packages/attention/pyproject.toml), in an environment of its
+# own: the attention tests, compile tests included, on torch $(COMPAT_TORCH) with its Triton; the rest of the stack at
+# the project's pins, but numpy below 2.4 (Triton 3.6's CPU interpreter, which the Triton tests run under, turns
+# one-element arrays into Python ints, an error from numpy 2.4 on). Another torch:
+#   make test-compat COMPAT_TORCH=2.12.0 COMPAT_PINS="torchvision==0.27.0 triton==3.6.0 numpy==2.3.5"
+COMPAT_TORCH ?= 2.11.0
+COMPAT_PINS ?= torchvision==0.26.0 triton==3.6.0 numpy==2.3.5
+COMPAT_VENV := .venv-torch$(COMPAT_TORCH)
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+COMPAT_OVERRIDDEN := torch $(foreach pin,$(COMPAT_PINS),$(firstword $(subst ==, ,$(pin))))
+
+$(COMPAT_STAMP): requirements/constraints.txt packages/attention/pyproject.toml
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	grep -Ev '^($(subst $(eval) ,|,$(strip $(COMPAT_OVERRIDDEN))))==' requirements/constraints.txt \
+		> $(COMPAT_VENV)/constraints.txt
+	printf '%s\n' torch==$(COMPAT_TORCH) $(COMPAT_PINS) >> $(COMPAT_VENV)/constraints.txt
+	$(COMPAT_VENV)/bin/python -m pip install --quiet -c $(COMPAT_VENV)/constraints.txt \
+		torch $(foreach pin,$(COMPAT_PINS),$(firstword $(subst ==, ,$(pin)))) -e './packages/attention[test]'
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)  ## the attention and compile tests on the oldest supported torch ($(COMPAT_TORCH)), in its own venv
+	KPCA_REQUIRE_TRITON=1 $(COMPAT_VENV)/bin/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/attention
+
 GPU_PROOF_ARGS ?=
-test-gpu: $(STAMP)  ## on a CUDA machine (under 8 min): gpu/triton and compile tests, CUDA benchmarks, short bf16 fits of each app; one report in benchmarks/results/
+# On a node whose own Python has the stack (docs/cluster.md), `make test-gpu PY=python3` runs with that Python:
+# a PY given on the command line skips creating .venv.
+TEST_GPU_NEEDS := $(if $(filter command line,$(origin PY)),,$(STAMP))
+test-gpu: $(TEST_GPU_NEEDS)  ## on a CUDA machine (under 8 min): gpu/triton and compile tests, CUDA benchmarks, short bf16 fits of each app; one report in benchmarks/results/
 	$(PY) benchmarks/gpu_proof.py $(GPU_PROOF_ARGS)
+
+# Wheels for a GPU node with its own torch and no internet (docs/cluster.md). Default target: this Python and platform.
+# make wheelhouse WHEELHOUSE_PYTHON=3.12 WHEELHOUSE_PLATFORM=manylinux_2_28_x86_64 WHEELHOUSE_ARGS=--dali
+WHEELHOUSE_PYTHON ?=
+WHEELHOUSE_PLATFORM ?=
+WHEELHOUSE_ARGS ?=
+WHEELHOUSE_TARGET = $(if $(WHEELHOUSE_PYTHON),--python $(WHEELHOUSE_PYTHON)) $(if $(WHEELHOUSE_PLATFORM),--platform $(WHEELHOUSE_PLATFORM))
+.PHONY: wheelhouse
+wheelhouse: $(STAMP)  ## wheels of the project and of every dependency but torch, torchvision, triton and CUDA, in dist/
+	$(PY) requirements/wheelhouse.py $(WHEELHOUSE_TARGET) $(WHEELHOUSE_ARGS)
 
 bench: $(STAMP)  ## the benchmarks (attention up to N = 4096; vision and LM step time and Lightning throughput)
 	$(PY) benchmarks/attention.py
@@ -68,4 +105,4 @@ docker:  ## build the CUDA image (docker/Dockerfile) as kpca; the build fails if
 	docker build -f docker/Dockerfile -t kpca .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-torch* .pytest_cache .ruff_cache
