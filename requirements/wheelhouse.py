@@ -13,6 +13,7 @@ line. Run from the repository root::
     python requirements/wheelhouse.py                                   # this interpreter's Python and platform
     python requirements/wheelhouse.py --python 3.12 --platform manylinux_2_28_x86_64 --dest dist/wheelhouse
     python requirements/wheelhouse.py --dali                            # also NVIDIA DALI (about 700 MB)
+    python requirements/wheelhouse.py --have node-freeze.txt            # only what the node's `pip freeze` lacks
 """
 
 from __future__ import annotations
@@ -248,6 +249,30 @@ def pinned_versions(
     return versions
 
 
+def read_freeze(path: Path) -> dict[str, str]:
+    """``name -> version`` of a node's ``pip freeze`` (or ``pip list --format=freeze``) output.
+
+    ``name==version`` and ``name @ url`` lines count (the latter with version ``?``); comments, blank lines and
+    ``-e`` lines are skipped.
+    """
+    have = {}
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:==\s*(\S+)|@\s*\S+)", line)
+        if match is None:
+            raise WheelhouseError(f"{path}:{number}: {raw!r} is no 'name==version' line of pip freeze")
+        have[canonicalize_name(match[1])] = match[2] or "?"
+    return have
+
+
+def leave_to_node(versions: dict[str, str], have: dict[str, str]) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """Split the third-party ``versions`` into what to carry and what the node ``have``s: name -> (its, pinned)."""
+    carry = {name: version for name, version in versions.items() if name not in have}
+    return carry, {name: (have[name], version) for name, version in versions.items() if name in have}
+
+
 def plan(target: Target, flagged: Iterable[str] = ()) -> tuple[dict[str, str], set[str], list[Member]]:
     """What the wheelhouse holds for ``target``: third-party ``name -> version``, the left-out stack, the members."""
     members = project_members()
@@ -365,14 +390,28 @@ def environment_line() -> str:
     return f'export PYTHONPATH="{SITE}${{PYTHONPATH:+:$PYTHONPATH}}" PATH="{SITE}/bin:$PATH"'
 
 
-def manifest(target: Target, versions: dict[str, str], built: Iterable[str], stack: Iterable[str], dest: Path) -> str:
-    """The folder's ``requirements.txt``: what it holds for which target, what it leaves out, how to install it."""
+def manifest(
+    target: Target,
+    versions: dict[str, str],
+    built: Iterable[str],
+    stack: Iterable[str],
+    dest: Path,
+    on_node: dict[str, tuple[str, str]] | None = None,
+) -> str:
+    """The folder's ``requirements.txt``: what it holds for which target, what it leaves out, how to install it.
+
+    ``on_node`` maps what ``--have`` left out to (the node's version, the version the wheelhouse would have carried).
+    """
     built = set(built)
     left_out = "Left out, the node's own stack (and whatever only it needs): " + ", ".join(sorted(stack)) + "."
+    node = ", ".join(f"{name} {have} (pinned {pin})" for name, (have, pin) in sorted((on_node or {}).items()))
+    from_node = [f"Left out, already on the node (--have): {node}."] if node else []
+    wrap = {"width": 118, "initial_indent": "# ", "subsequent_indent": "# ", "break_on_hyphens": False}
     lines = [
         f"# kpca wheelhouse for {target.describe()}, written by requirements/wheelhouse.py at the versions of",
         "# requirements/constraints.txt.",
-        *textwrap.wrap(left_out, width=118, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False),
+        *textwrap.wrap(left_out, **wrap),
+        *(line for text in from_node for line in textwrap.wrap(text, **wrap)),
         "# Install on the node, beside its torch (docs/cluster.md), from the folder above this one:",
         f"#   {install_line(dest)}",
         f"#   {environment_line()}",
@@ -401,21 +440,26 @@ def check_python(target: Target, members: Iterable[Member]) -> None:
             )
 
 
-def build(target: Target, dest: Path, flagged: Iterable[str] = ()) -> str:
-    """Make the wheelhouse; returns a summary (wheel count, size, time, the install line)."""
+def build(target: Target, dest: Path, flagged: Iterable[str] = (), have: dict[str, str] | None = None) -> str:
+    """Make the wheelhouse; returns a summary (wheel count, size, time, the install line).
+
+    ``have``: the node's installed distributions (``--have``); those are not carried, whatever their version.
+    """
     start = time.monotonic()
     check_python(target, project_members())
     versions, stack, members = plan(target, flagged)
+    versions, on_node = leave_to_node(versions, have or {})
     prepare(dest)
     kpca = build_members(members, dest)
     fetched = fetch_all(versions, target, dest)
     all_versions = versions | {canonicalize_name(m.name): m.version for m in members}
     built = [name for name, (_, was_built) in fetched.items() if was_built]
-    (dest / MANIFEST).write_text(manifest(target, all_versions, built, stack, dest))
+    (dest / MANIFEST).write_text(manifest(target, all_versions, built, stack, dest, on_node))
     wheels = list(dest.glob("*.whl"))
     size_mb = sum(w.stat().st_size for w in wheels) / 2**20
     return (
-        f"{len(wheels)} wheels ({len(kpca)} kpca, {len(built)} built from sdists), {size_mb:.0f} MB, for"
+        f"{len(wheels)} wheels ({len(kpca)} kpca, {len(built)} built from sdists, {len(on_node)} left to the node),"
+        f" {size_mb:.0f} MB, for"
         f" {target.describe()}, in {time.monotonic() - start:.0f} s: {dest}\n"
         f"install on the node, from {dest.parent}:\n  {install_line(dest)}"
     )
@@ -448,6 +492,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--platform", type=platform_tag, default=here.platform, help=f"default: {here.platform}")
     parser.add_argument("--dest", type=Path, help="default: dist/wheelhouse-cp<version>-<platform>")
     parser.add_argument("--dali", action="store_true", help="also kpca-vision-cls[dali]: NVIDIA DALI, about 700 MB")
+    parser.add_argument(
+        "--have",
+        type=Path,
+        help="the node's `pip freeze`: leave out what it already has, whatever the version (the manifest lists them)",
+    )
     args = parser.parse_args(argv)
     if args.dest is None:
         args.dest = REPO / "dist" / f"wheelhouse-cp{args.python.replace('.', '')}-{args.platform}"
@@ -459,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     flagged = [extra for extra in FLAGGED_EXTRAS if getattr(args, extra)]
     try:
-        print(build(Target(args.python, args.platform), args.dest.resolve(), flagged))
+        have = read_freeze(args.have) if args.have else None
+        print(build(Target(args.python, args.platform), args.dest.resolve(), flagged, have))
     except WheelhouseError as error:
         print(f"wheelhouse: {error}", file=sys.stderr)
         return 1

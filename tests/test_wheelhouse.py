@@ -326,3 +326,26 @@ def test_make_wheelhouse_passes_the_target_on():
     out = make_dry_run("wheelhouse", "WHEELHOUSE_PYTHON=3.12", "WHEELHOUSE_PLATFORM=manylinux_2_28_x86_64")
     assert " ".join(out.split()).endswith("requirements/wheelhouse.py --python 3.12 --platform manylinux_2_28_x86_64")
     assert " ".join(make_dry_run("wheelhouse").split()).endswith("requirements/wheelhouse.py")
+
+
+def test_a_nodes_freeze_is_read_and_bad_lines_named(tmp_path: Path):
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("# pip freeze of the node\nnumpy==2.5.2\nLightning==2.6.6\n-e git+https://x/y#egg=y\n\n"
+                      "torch @ file:///wheels/torch.whl\n")  # fmt: skip
+    assert wheelhouse.read_freeze(freeze) == {"numpy": "2.5.2", "lightning": "2.6.6", "torch": "?"}
+    freeze.write_text("numpy>=2\n")
+    with pytest.raises(wheelhouse.WheelhouseError, match=r"freeze.txt:1: 'numpy>=2' is no 'name==version' line"):
+        wheelhouse.read_freeze(freeze)
+
+
+def test_what_the_node_has_is_left_to_it_and_listed_in_the_manifest(tmp_path: Path):
+    versions = {"numpy": "2.4.6", "timm": "1.0.31", "lightning": "2.6.6"}
+    carry, on_node = wheelhouse.leave_to_node(versions, {"numpy": "2.5.2", "lightning": "2.6.6", "scipy": "1.16.0"})
+    assert carry == {"timm": "1.0.31"}
+    assert on_node == {"numpy": ("2.5.2", "2.4.6"), "lightning": ("2.6.6", "2.6.6")}
+    target = wheelhouse.Target("3.12", "manylinux_2_28_x86_64")
+    text = wheelhouse.manifest(target, carry, [], ["torch"], tmp_path / "wh", on_node)
+    assert (
+        "# Left out, already on the node (--have): lightning 2.6.6 (pinned 2.6.6), numpy 2.5.2 (pinned 2.4.6)." in text
+    )
+    assert "timm==1.0.31" in text and "numpy==" not in text
