@@ -3,6 +3,7 @@ markers, the manifest, the errors, and the Makefile lines that call it and run `
 """
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -308,11 +309,16 @@ def test_is_pure():
 
 
 def make_dry_run(*args: str) -> str:
-    """What ``make -n`` would run, with the .venv stamp out of date (``-W``)."""
+    """What ``make -n`` would run, with the .venv stamp out of date (``-W``).
+
+    Run as a top-level make (no ``MAKEFLAGS`` / ``MAKELEVEL`` of a ``make test`` around the tests, which would add
+    "Entering directory" lines and pass on its own flags).
+    """
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    command = ["make", "-n", "-W", "requirements/constraints.txt", *args]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    command = ["make", "--no-print-directory", "-n", "-W", "requirements/constraints.txt", *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
