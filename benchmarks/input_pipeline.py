@@ -4,25 +4,30 @@ All timings are single-threaded (torch, OpenCV) in one process, on real photogra
 images re-encoded as JPEG (quality 90) at ImageNet's typical 500x375 and 375x500, written to a temporary folder.
 
 1. Vision (DeiT recipe, :class:`~kpca.vision_cls.data.ImageNetDataModule`): per stage in ms per image on one core,
-   for the reference path (timm's PIL transform, ``worker_transform="timm"``, with ``device_augment=False``:
-   ToTensor and random erasing per image in the workers), the device path (``device_augment=True``: the workers
-   stop at a uint8 tensor; the float conversion and random erasing run batched on the device) and the default turbo
-   path (``worker_transform="turbo"`` with ``device_augment``: libjpeg-turbo decode, crop, resize and flip on uint8
-   tensors, :mod:`kpca.vision_cls.worker_transform`). The paths run interleaved, image by image, in one loop, so
-   background load hits all alike. The device tail is timed on the CPU on a batch of 64 as an upper bound (a GPU
-   runs it in microseconds); it is not part of the worker cost.
-2. Cores one GPU needs: the GPU's training rate divided by the images/s one core delivers. Rates are RTX 3090 AMP
-   training rates from timm's table (``results/benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv`` in
-   huggingface/pytorch-image-models: deit_tiny 2290.53, deit_small 1053.64, deit_base 390.88 images/s); the H200
-   column ASSUMES 4x the RTX 3090 rate (an assumption, not a measurement).
+   for the reference path (timm's PIL transform, ``input="timm"``, with ``augment_on="workers"``: ToTensor and
+   random erasing per image in the workers), the device path (``augment_on="device"``: the workers stop at a uint8
+   tensor; the float conversion and random erasing run batched on the device) and the default turbo path
+   (``input="turbo"``, ``augment_on="device"``: libjpeg-turbo decode, crop, resize and flip on uint8 tensors,
+   :mod:`kpca.vision_cls.input.turbo`), and the turbo path with RandAugment moved to the device
+   (``augment_on="device_randaugment"``: the workers stop after the flip). The paths run interleaved, image by
+   image, in one loop, so background load hits all alike. The device tail is timed on the CPU on a batch of 64 as
+   an upper bound (a GPU runs it in microseconds); the batched RandAugment of ``device_randaugment`` on a batch of
+   256 at 224 px on ``--device`` (one CPU thread here, CUDA in ``make test-gpu``). Neither is part of the worker
+   cost. Targets: the ``device_randaugment`` path at least 1.6x the default turbo path's images/s per core, and
+   (on CUDA) its RandAugment under 5 % of a DeiT-tiny bf16 training step on an H200 (33.51 ms measured).
+2. Cores one GPU needs: the GPU's training rate divided by the images/s one core delivers. Rates: one eager bf16
+   training step at batch 256 measured by this project on an H200 with torch 2.11 (deit_tiny 7,639, deit_small
+   5,577 images/s; DeiT-base was not measured), and RTX 3090 AMP training rates from timm's table
+   (``results/benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv`` in huggingface/pytorch-image-models: deit_tiny
+   2290.53, deit_small 1053.64, deit_base 390.88 images/s).
 3. Segmentation: mmseg's ADE20K training pipeline at 512 crop (:func:`kpca.segmentation.data.train_pipeline`) on a
    synthetic ADE20K-like folder (the photos at 683x512 and blocky 150-class label PNGs), per image.
 4. Language model: :class:`~kpca.language_model.data.TokenBlocks` batches (96 x 256 tokens, the paper's) over the
    built-in corpus (``data_dir: builtin``, the demo's 2000-piece tokenizer; tokenised once into the cache), in
    tokens/s per core.
 
-5. With ``--dali cpu`` or ``--dali gpu``, the DALI path (``data.backend: dali``,
-   :class:`~kpca.vision_cls.dali_pipeline.DaliTrainLoader`, the DeiT recipe at 224 px) beside the vision paths,
+5. With ``--dali cpu`` or ``--dali gpu``, the DALI path (``data.input: dali``,
+   :class:`~kpca.vision_cls.input.dali_loader.DaliTrainLoader`, the DeiT recipe at 224 px) beside the vision paths,
    instead of sections 3-4: its CPU time per image, summed over all threads of the process (``time.process_time``),
    and its wall images/s. ``cpu`` runs DALI's CPU operators in one thread (ms·core per image, comparable with the
    table); ``gpu`` decodes with nvJPEG (``mixed``) and augments on CUDA device 0 with 4 CPU threads, so its CPU time
@@ -33,6 +38,7 @@ Run from the repository root (about a minute on 2 busy cores)::
     python benchmarks/input_pipeline.py                # Markdown on stdout
     python benchmarks/input_pipeline.py --images 600 --output bench.md
     python benchmarks/input_pipeline.py --dali gpu --output dali_gpu.md
+    python benchmarks/input_pipeline.py --device cuda  # the batched RandAugment timed on the GPU (make test-gpu)
 """
 
 from __future__ import annotations
@@ -51,7 +57,14 @@ from PIL import Image
 from sklearn.datasets import load_sample_images
 
 RTX3090_AMP_RATES = {"deit_tiny": 2290.53, "deit_small": 1053.64, "deit_base": 390.88}  # timm's table, images/s
-H200_OVER_RTX3090 = 4.0  # ASSUMPTION: an H200 trains these models about 4x faster than an RTX 3090
+H200_BF16_RATES = {"deit_tiny": 7639, "deit_small": 5577}
+"""images/s of one eager bf16 training step (batch 256, 224 px, fused AdamW, softmax attention) measured on one H200
+with torch 2.11 (``benchmarks/vision_cls.py --device cuda``'s rows); DeiT-base was not measured there."""
+H200_DEIT_TINY_STEP_MS = 33.51
+"""The DeiT-tiny step of :data:`H200_BF16_RATES` in ms: the device-side augment's budget is 5 % of it."""
+DEVICE_RANDAUGMENT_PATH = "`input: turbo`, `augment_on: device_randaugment`"
+DEVICE_RANDAUGMENT_BATCH = 256
+MIN_SPEEDUP = 1.6  # images/s per core of the device_randaugment path over the default turbo path
 IMAGENET_SIZES = ((500, 375), (375, 500))  # (width, height): ImageNet's most common shapes
 ADE20K_SIZE = (683, 512)
 DEVICE_BATCH = 64
@@ -77,7 +90,7 @@ def decode(path: Path) -> Image.Image:
 
 def turbo_decode(path: Path) -> torch.Tensor:
     """The turbo path's loader and first stage: read the file's bytes, decode with libjpeg-turbo (or PIL)."""
-    from kpca.vision_cls.worker_transform import DecodeRGB, read_image_bytes
+    from kpca.vision_cls.input.turbo import DecodeRGB, read_image_bytes
 
     return DecodeRGB()(read_image_bytes(str(path)))
 
@@ -103,17 +116,17 @@ def vision_paths(root: Path) -> dict[str, list[Stage]]:
     from kpca.vision_cls.data import ImageNetDataModule
 
     paths = {}
-    for label, device_augment, worker_transform in (
-        ("reference (timm PIL, float + erasing per image)", False, "timm"),
-        ("`device_augment` (timm PIL, uint8 workers)", True, "timm"),
-        ("turbo + `device_augment` (the default)", True, "turbo"),
+    for label, path, augment_on in (
+        ("reference: `input: timm`, `augment_on: workers`", "timm", "workers"),
+        ("`input: timm`, `augment_on: device`", "timm", "device"),
+        ("`input: turbo`, `augment_on: device` (the default)", "turbo", "device"),
+        (DEVICE_RANDAUGMENT_PATH, "turbo", "device_randaugment"),
     ):
-        options = {"device_augment": device_augment, "worker_transform": worker_transform}
-        transform = ImageNetDataModule(root=str(root), **options).train_transform()
+        transform = ImageNetDataModule(root=str(root), input=path, augment_on=augment_on).train_transform()
         stages = transform.transforms
-        if worker_transform == "turbo":
+        if path == "turbo":
             stages = stages[1:]  # its DecodeRGB stage runs inside turbo_decode, timed as "decode"
-        paths[label] = [("decode", decode if worker_transform == "timm" else turbo_decode)]
+        paths[label] = [("decode", decode if path == "timm" else turbo_decode)]
         paths[label] += [(stage_name(stage), stage) for stage in stages]
     return paths
 
@@ -163,6 +176,61 @@ def bench_device_tail(root: Path, repeats: int = 5) -> float:
         tail(batch)
         times.append(time.perf_counter() - start)
     return 1e3 * min(times) / DEVICE_BATCH
+
+
+def bench_device_rand_augment(root: Path, device: str, repeats: int = 3) -> float:
+    """Milliseconds per batch of 256 uint8 224 px images of ``augment_on: device_randaugment``'s RandAugment.
+
+    The median of ``repeats`` batches after one warm-up batch, synchronised on CUDA; on the CPU with one thread.
+    """
+    from kpca.vision_cls.data import ImageNetDataModule
+
+    rand_augment = (
+        ImageNetDataModule(root=str(root), augment_on="device_randaugment").device_train_augment().rand_augment
+    )
+    batch = torch.randint(0, 256, (DEVICE_RANDAUGMENT_BATCH, 3, 224, 224), dtype=torch.uint8, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rand_augment(batch)
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        rand_augment(batch)
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def device_rand_augment_lines(vision: dict[str, dict[str, float]], rand_augment_ms: float, device: str) -> list[str]:
+    """Markdown: the device-side RandAugment's cost per batch, and the target lines."""
+    per_core = {label: 1e3 / sum(stage.values()) for label, stage in vision.items()}
+    where = "on CUDA device 0" if device == "cuda" else "on this CPU, one thread (a GPU runs it after transfer)"
+    return [
+        "",
+        f"RandAugment of `augment_on: device_randaugment`, batched, {where}: {rand_augment_ms:.1f} ms per batch of "
+        f"{DEVICE_RANDAUGMENT_BATCH} uint8 images at 224 px ({rand_augment_ms / DEVICE_RANDAUGMENT_BATCH:.2f} ms per "
+        "image); not part of the workers' cost.",
+        "",
+        "Targets:",
+        "",
+        *targets(per_core, rand_augment_ms, device),
+    ]
+
+
+def targets(per_core: dict[str, float], rand_augment_ms: float, device: str) -> list[str]:
+    """The target lines (``- name: value (target ...) PASS|FAIL``): worker speed-up, and the device cost on CUDA."""
+    speedup = per_core[DEVICE_RANDAUGMENT_PATH] / per_core["`input: turbo`, `augment_on: device` (the default)"]
+    lines = [
+        f"- images/s per core, `augment_on: device_randaugment` / the default turbo path: {speedup:.2f} "
+        f"(target >= {MIN_SPEEDUP}) {'PASS' if speedup >= MIN_SPEEDUP else 'FAIL'}"
+    ]
+    if device == "cuda":
+        share = rand_augment_ms / H200_DEIT_TINY_STEP_MS
+        lines.append(
+            f"- device RandAugment per batch of {DEVICE_RANDAUGMENT_BATCH} / a DeiT-tiny bf16 step on an H200 "
+            f"({H200_DEIT_TINY_STEP_MS} ms): {share:.3f} (target <= 0.05) {'PASS' if share <= 0.05 else 'FAIL'}"
+        )
+    return lines
 
 
 def write_imagenet_tree(folder: Path, photos: list[Path]) -> Path:
@@ -236,24 +304,26 @@ def vision_table(results: dict[str, dict[str, float]], device_tail_ms: float) ->
         lines.append(f"| {label} | {cells} | {total:.2f} | {1e3 / total:.0f} | {reference / total:.2f}x |")
     lines.append("")
     lines.append(
-        f"Device tail of `device_augment` (uint8 -> float, batched random erasing), timed on this CPU on a batch of "
-        f"{DEVICE_BATCH}: {device_tail_ms:.2f} ms per image (on the GPU it runs after transfer, not in the workers)."
+        f"Device tail of `augment_on: device` (uint8 -> float, batched random erasing), timed on this CPU on a batch "
+        f"of {DEVICE_BATCH}: {device_tail_ms:.2f} ms per image (on the GPU it runs after transfer, not in the workers)."
     )
     return lines
 
 
 def cores_table(per_core: dict[str, float]) -> list[str]:
-    """Markdown: cores one GPU needs for each DeiT size, per vision path."""
-    header = "| path | " + " | ".join(f"{m} RTX 3090 / H200*" for m in RTX3090_AMP_RATES) + " |"
-    lines = [header, "|---" * (len(RTX3090_AMP_RATES) + 1) + "|"]
+    """Markdown: cores one GPU needs for each DeiT size, per vision path (measured GPU rates only)."""
+    columns = [(f"{m} H200", r) for m, r in H200_BF16_RATES.items()]
+    columns += [(f"{m} RTX 3090", r) for m, r in RTX3090_AMP_RATES.items()]
+    lines = ["| path | " + " | ".join(name for name, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for label, rate in per_core.items():
-        cells = [f"{r / rate:.1f} / {H200_OVER_RTX3090 * r / rate:.0f}" for r in RTX3090_AMP_RATES.values()]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | " + " | ".join(f"{r / rate:.1f}" for _, r in columns) + " |")
     lines.append("")
     lines.append(
-        "GPU rates: RTX 3090 AMP training images/s from timm's `benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv` "
-        f"({', '.join(f'{m} {r}' for m, r in RTX3090_AMP_RATES.items())}). *H200: ASSUMED {H200_OVER_RTX3090:.0f}x "
-        "the RTX 3090 rate."
+        "GPU rates, images/s: H200, one eager bf16 training step at batch 256 measured by this project with torch 2.11 "
+        f"({', '.join(f'{m} {r:,}' for m, r in H200_BF16_RATES.items())}; DeiT-base not measured); RTX 3090, AMP "
+        "training from timm's `benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv` "
+        f"({', '.join(f'{m} {r}' for m, r in RTX3090_AMP_RATES.items())}). Cores count the workers' transform only: "
+        "the training process and the device-side augment need their own."
     )
     return lines
 
@@ -270,7 +340,7 @@ def bench_dali(photos: list[Path], device: str) -> dict[str, float]:
     from timm.data import IMAGENET_DEFAULT_MEAN
     from torch.utils.data import DistributedSampler
 
-    from kpca.vision_cls.dali_pipeline import DaliTrainLoader, DaliTrainRecipe
+    from kpca.vision_cls.input.dali_loader import DaliTrainLoader, DaliTrainRecipe
 
     threads, batch, batches = DALI_SETTINGS[device]
     samples = [(str(photos[i % len(photos)]), 0) for i in range(batch * (batches + 1))]
@@ -301,7 +371,7 @@ def dali_table(dali: dict[str, float], device: str, reference_ms: float) -> list
         "| path | operators | threads | batch | images | CPU ms per image (all threads) | wall images/s "
         "| CPU per image / reference's |",
         "|---|---|---|---|---|---|---|---|",
-        f"| DALI (`data.backend: dali`) | {operators} | {dali['threads']} | {dali['batch']} | {dali['images']} | "
+        f"| DALI (`data.input: dali`) | {operators} | {dali['threads']} | {dali['batch']} | {dali['images']} | "
         f"{dali['cpu_ms']:.2f} | {dali['images_per_s']:.0f} | {dali['cpu_ms'] / reference_ms:.2f}x |",
         "",
         f"Measured on {name}; the reference is the first row of the table above ({reference_ms:.2f} ms·core).",
@@ -318,7 +388,12 @@ def main() -> None:
     parser.add_argument(
         "--dali", choices=("cpu", "gpu"), default=None, help="time the DALI path too (vision sections only)"
     )
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the device-side RandAugment is timed"
+    )
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA device.")
     if args.dali == "gpu" and not torch.cuda.is_available():
         parser.error("--dali gpu needs a CUDA device; --dali cpu times DALI's CPU operators.")
     torch.set_num_threads(1)
@@ -332,10 +407,12 @@ def main() -> None:
         root = write_imagenet_tree(folder / "imagenet", photos)
         vision = bench_vision(photos, root, args.images)
         device_tail_ms = bench_device_tail(root)
+        rand_augment_ms = bench_device_rand_augment(root, args.device)
         if args.dali:
             dali = bench_dali(photos, args.dali)
             lines = ["## Vision: DeiT training transform, ms·core per image per stage", ""]
             lines += vision_table(vision, device_tail_ms)
+            lines += device_rand_augment_lines(vision, rand_augment_ms, args.device)
             lines += ["", f"## Vision: the DALI path, {args.dali}", ""]
             lines += dali_table(dali, args.dali, sum(next(iter(vision.values())).values()))
             report = "\n".join(lines) + "\n"
@@ -348,6 +425,7 @@ def main() -> None:
     per_core = {label: 1e3 / sum(stage.values()) for label, stage in vision.items()}
     lines = ["## Vision: DeiT training transform, ms·core per image per stage", ""]
     lines += vision_table(vision, device_tail_ms)
+    lines += device_rand_augment_lines(vision, rand_augment_ms, args.device)
     lines += ["", "## Cores one GPU needs (vision)", ""]
     lines += cores_table(per_core)
     lines += ["", "## All apps, one core", ""]

@@ -149,9 +149,10 @@ def test_input_pipeline_step_times_the_cpu_paths_without_dali(tmp_path: Path, mo
     monkeypatch.setattr(gpu_proof, "missing_module", lambda name: f"not available: {name} is not installed")
     step = gpu_proof.input_pipeline_step(gpu_proof.ProofConfig("cuda", tmp_path))
     assert "--dali" not in step.command and step.title.endswith("(DALI not available: nvidia.dali is not installed)")
+    assert step.command[2:4] == ["--device", "cuda"]  # the batched RandAugment timed on the GPU
     monkeypatch.setattr(gpu_proof, "missing_module", lambda name: None)
     step = gpu_proof.input_pipeline_step(gpu_proof.ProofConfig("cuda", tmp_path))
-    assert step.command[2:4] == ["--dali", "gpu"]
+    assert step.command[2:6] == ["--dali", "gpu", "--device", "cuda"]
 
 
 def test_the_real_size_steps_run_each_apps_benchmark_with_the_proofs_selection(tmp_path: Path):

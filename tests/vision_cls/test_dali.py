@@ -1,4 +1,4 @@
-"""The DALI training input path (data.backend=dali) on CPU operators, against timm's PIL recipe; one GPU test."""
+"""The DALI training input path (data.input=dali) on CPU operators, against timm's PIL recipe; one GPU test."""
 
 import math
 import random
@@ -18,10 +18,10 @@ from timm.data.transforms import RandomResizedCropAndInterpolation
 from torch.utils.data import DistributedSampler
 from torchvision.datasets import ImageFolder
 
-from kpca.vision_cls.augment import RepeatAugSampler
-from kpca.vision_cls.dali_pipeline import DaliTrainLoader, DaliTrainRecipe, image_folder_samples
-from kpca.vision_cls.dali_rand_augment import BINS_PER_LEVEL, parse_rand_augment, rand_augment_specs
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.input.dali_loader import DaliTrainLoader, DaliTrainRecipe, image_folder_samples
+from kpca.vision_cls.input.dali_rand_augment import BINS_PER_LEVEL, parse_rand_augment, rand_augment_specs
+from kpca.vision_cls.input.samplers import RepeatAugSampler
 from tests.cli_support import CONFIGS, CPU
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
@@ -101,7 +101,7 @@ def test_samples_are_image_folders(tree: Path):
 
 
 def test_batches_are_the_files_of_the_sampler_with_their_labels_and_timm_pixels(tree: Path):
-    """Without random stages (scale (1, 1), no flip, no RandAugment) every output is the PIL path's crop of the
+    """Without random stages (scale (1, 1), no flip, no RandAugment) every output is timm's crop of the
     file the sampler put there (DALI's libjpeg-turbo decode is PIL's; cubic resizing is within interpolation
     noise), and its label is ImageFolder's."""
     samples = image_folder_samples(tree / "train", CLASSES)
@@ -253,7 +253,7 @@ def test_rand_augment_strings_parse_as_timm(config: str):
 
 @pytest.mark.parametrize("config", ["original", "augmix-m5", "rand-m9-tweights", "rand-m9-x3"])
 def test_policies_without_a_dali_mirror_are_refused(config: str):
-    with pytest.raises(ValueError, match=r"auto_augment=.*backend=pil|section"):
+    with pytest.raises(ValueError, match=r"auto_augment=.*data.input=timm|section"):
         parse_rand_augment(config)
 
 
@@ -266,7 +266,7 @@ OP_TOLERANCE = {"Equalize": 6.0, "Rotate": 1.0, "ShearX": 1.0, "ShearY": 1.0, "T
 def dali_op(spec, image: np.ndarray, signed_bin: int, fill: int) -> np.ndarray:
     from nvidia.dali import fn, pipeline_def, types
 
-    from kpca.vision_cls._dali_graph import TimmOp, WarpSettings
+    from kpca.vision_cls.input.dali_graph import TimmOp, WarpSettings
 
     @pipeline_def
     def one_op():
@@ -308,26 +308,26 @@ def test_rand_augment_changes_images_as_often_as_timm(tree: Path):
 
 def test_datamodule_refuses_what_dali_cannot_do(tree: Path):
     with pytest.raises(ValueError, match="builtin='digits'"):
-        ImageNetDataModule(builtin="digits", backend="dali")
-    with pytest.raises(ValueError, match="device_augment"):
-        ImageNetDataModule(root=str(tree), backend="dali", device_augment=False)
+        ImageNetDataModule(builtin="digits", input="dali")
+    with pytest.raises(ValueError, match="augment_on=workers"):
+        ImageNetDataModule(root=str(tree), input="dali", augment_on="workers")
     with pytest.raises(ValueError, match="color_jitter"):
-        ImageNetDataModule(root=str(tree), backend="dali", auto_augment=None, color_jitter=0.4)
+        ImageNetDataModule(root=str(tree), input="dali", auto_augment=None, color_jitter=0.4)
     with pytest.raises(ValueError, match="'original'"):
-        ImageNetDataModule(root=str(tree), backend="dali", auto_augment="original")
-    with pytest.raises(ValueError, match="bad_files='skip' needs data.backend='pil'"):
-        ImageNetDataModule(root=str(tree), backend="dali", bad_files="skip")
+        ImageNetDataModule(root=str(tree), input="dali", auto_augment="original")
+    with pytest.raises(ValueError, match="bad_files=skip needs DataLoader workers"):
+        ImageNetDataModule(root=str(tree), input="dali", bad_files="skip")
 
 
 def test_missing_dali_names_the_extra(tree: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # what an install without the extra gives
     with pytest.raises(ImportError, match=r"pip install 'kpca-vision-cls\[dali\]'"):
-        ImageNetDataModule(root=str(tree), backend="dali")
+        ImageNetDataModule(root=str(tree), input="dali")
 
 
 def test_the_default_path_never_imports_dali():
     code = (
-        "import sys, kpca.vision_cls.cli, kpca.vision_cls.data, kpca.vision_cls.dali_pipeline; "
+        "import sys, kpca.vision_cls.cli, kpca.vision_cls.data, kpca.vision_cls.input.dali_loader; "
         "assert not [m for m in sys.modules if m.startswith('nvidia.dali')], 'nvidia.dali imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -337,12 +337,12 @@ def test_the_default_path_never_imports_dali():
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [1, 2], ids=["one_process", "ddp_2_processes"])
 def test_fit_through_the_console_script_on_cpu(tree: Path, tmp_path: Path, devices: int):
-    """``vision-cls fit --data.backend dali`` on CPU trainers: two epochs, each left after 3 of its 5 batches (one
+    """``vision-cls fit --data.input dali`` on CPU trainers: two epochs, each left after 3 of its 5 batches (one
     process; DeiT's repeated-augmentation sampler) or 2 of its 2 (two DDP processes, batch 8 over 2 ranks)."""
     steps = 3 if devices == 1 else 2
     command = [
         str(Path(sys.executable).parent / "vision-cls"), "fit", "-c", CPU, "-c", CONFIGS / "vision_cls" / "smoke.yaml",
-        "--data.builtin=null", f"--data.root={tree}", "--data.backend=dali", f"--data.batch_size={4 * devices}",
+        "--data.builtin=null", f"--data.root={tree}", "--data.input=dali", f"--data.batch_size={4 * devices}",
         "--data.num_workers=1", f"--trainer.devices={devices}", "--trainer.max_epochs=2",
         f"--trainer.limit_train_batches={steps}", "--trainer.limit_val_batches=2",
         f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",

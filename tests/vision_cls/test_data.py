@@ -12,10 +12,11 @@ from torch.utils.data import DistributedSampler
 from torchvision import transforms
 
 from kpca.training.data import require_datamodule
-from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
 from kpca.vision_cls.builtin_data import write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.data import EvalSet, ImageNetDataModule, VisionData
+from kpca.vision_cls.input.random_erasing import PixelSpaceRandomErasing
+from kpca.vision_cls.input.samplers import RepeatAugSampler
 
 A_WNIDS = ["n01770081", "n01784675"]  # in the ImageNet-A and the ImageNet-O class lists
 R_WNID = "n01784675"  # in the ImageNet-R class list too (n01770081 is not)
@@ -83,7 +84,7 @@ def test_digits_datamodule_batches(digits_cache: Path):
     assert isinstance(train.sampler, RepeatAugSampler)
     assert len(train) == 1437 // 256 * 256 // 16  # DeiT's epoch: rounded to 256 samples, repeats included
     raw, labels = next(iter(train))
-    assert raw.shape == (16, 3, 32, 32) and raw.dtype == torch.uint8  # device_augment: finished after transfer
+    assert raw.shape == (16, 3, 32, 32) and raw.dtype == torch.uint8  # augment_on=device: finished after transfer
     images, labels = dm.on_after_batch_transfer((raw, labels), 0)
     assert images.dtype == torch.float32 and torch.equal(images, raw.float() / 255)
     assert labels.dtype == torch.int64 and labels.min() >= 0 and labels.max() <= 9
@@ -191,10 +192,10 @@ def test_pixel_space_random_erasing_fill():
 
 
 def test_train_transform_is_deit(imagenet: Path):
-    text = repr(ImageNetDataModule(root=str(imagenet), device_augment=False).train_transform())
+    text = repr(ImageNetDataModule(root=str(imagenet), augment_on="workers").train_transform())
     assert "RandomResizedCropAndInterpolation" in text and "RandAugment" in text and "bicubic" in text
     assert "ColorJitter" not in text and "Normalize" not in text and "PixelSpaceRandomErasing" in text
-    data = ImageNetDataModule(root=str(imagenet))  # device_augment: erasing moves to the device tail
+    data = ImageNetDataModule(root=str(imagenet))  # augment_on=device: erasing moves to the device tail
     assert "pil_to_chw" in repr(data.train_transform()) and "Erasing" not in repr(data.train_transform())
     assert "BatchRandomErasing(p=0.25, mode=pixel)" in repr(data.device_train_augment())
     text = repr(ImageNetDataModule(root=str(imagenet), auto_augment=None, re_prob=0.0).train_transform())

@@ -1,16 +1,17 @@
 """ImageNet-style data for image classification: DeiT training transforms, robustness test sets, built-in digits.
 
 Every dataloader yields ``(images, labels)`` with ``images`` float32 in pixel space [0, 1], shape (B, 3, H, W), and
-``labels`` int64, shape (B,), once on the device. With ``device_augment`` (the default) the training loader's workers
-stop at uint8 images and :meth:`ImageNetDataModule.on_after_batch_transfer` finishes the transform batched on the
-device (float conversion and random erasing, :mod:`kpca.vision_cls.device_augment`). Under DDP the evaluation
+``labels`` int64, shape (B,), once on the device. The training input path (``data.input``, ``data.augment_on``)
+lives in :mod:`kpca.vision_cls.input`; with ``augment_on="device"`` (the default) the training loader stops at uint8
+images and :meth:`ImageNetDataModule.on_after_batch_transfer` finishes the transform batched on the device (float
+conversion and random erasing, :mod:`kpca.vision_cls.input.device_augment`). Under DDP the evaluation
 loaders (validation, test, predict) use :class:`kpca.training.data.UnpaddedDistributedSampler`, so every image counts
 exactly once on any number of ranks.
 Nothing is normalised here: the model normalises inside (with :attr:`mean` and
 :attr:`std`), so adversarial attacks and corruptions work in pixel units. The one exception is random erasing, whose
 fill is drawn in normalised space as in DeiT and is therefore allowed to leave [0, 1] (see
-:class:`kpca.vision_cls.augment.PixelSpaceRandomErasing`). DeiT's sampler and erasing live in
-:mod:`kpca.vision_cls.augment`, the on-the-fly corruptions in :mod:`kpca.vision_cls.corrupted`.
+:class:`kpca.vision_cls.input.random_erasing.PixelSpaceRandomErasing`). The on-the-fly corruptions live in
+:mod:`kpca.vision_cls.corrupted`.
 
 Folder layouts (all ImageFolder-style, one sub-folder per class):
 
@@ -38,29 +39,31 @@ from imagecorruptions import get_corruption_names
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.data.transforms import str_to_interp_mode
-from timm.data.transforms_factory import transforms_imagenet_train
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import default_loader, find_classes
+from torchvision.datasets.folder import find_classes
 
 from kpca.training.bad_files import BadFilesMode, check_bad_files_options
 from kpca.training.data import ProjectDataModule, evenly_spaced, require_built
 from kpca.training.data_check import DataProblem
 from kpca.training.image_corruptions import check_corruptions
-from kpca.vision_cls.augment import PixelSpaceRandomErasing, RepeatAugSampler
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset
-from kpca.vision_cls.dali_pipeline import DaliTrainLoader, DaliTrainRecipe, check_dali_options, image_folder_samples
 from kpca.vision_cls.data_checks import (
     check_image_folders,
     evaluation_set,
     require_nonempty_class_folders,
     training_set,
 )
-from kpca.vision_cls.device_augment import BatchRandomErasing, DeviceTrainAugment, uint8_to_unit
+from kpca.vision_cls.input.batch_rand_augment import BatchRandAugment, timm_train_hparams
+from kpca.vision_cls.input.dali_loader import DaliTrainLoader, DaliTrainRecipe, image_folder_samples, require_dali
+from kpca.vision_cls.input.device_augment import BatchRandomErasing, DeviceTrainAugment
+from kpca.vision_cls.input.options import AugmentOn, InputPath, check_input_options
+from kpca.vision_cls.input.random_erasing import PixelSpaceRandomErasing
+from kpca.vision_cls.input.samplers import RepeatAugSampler, rank_sampler
+from kpca.vision_cls.input.train_transform import timm_train_stages, train_image_loader, worker_train_transform
 from kpca.vision_cls.robustness import SubsetName, check_class_folders, subset_synsets
-from kpca.vision_cls.worker_transform import read_image_bytes, turbo_stages
 
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
 Interpolation = Literal["bicubic", "bilinear", "nearest"]
@@ -194,16 +197,26 @@ class ImageNetDataModule(ProjectDataModule):
             ``auto_augment`` is set.
         re_prob: Random-erasing probability for training (DeiT: 0.25); 0 disables.
         re_mode: Random-erasing fill, drawn in normalised space as in timm (see :class:`PixelSpaceRandomErasing`).
-        device_augment: Finish the training transform on the device: workers return uint8 (3, H, W) images and the
-            float conversion and random erasing run batched after transfer (:class:`DeviceTrainAugment`, the same
-            distributions); False keeps them per image in the workers (:class:`PixelSpaceRandomErasing`). Either way
-            the training step sees float32 pixel-space images. With ``re_prob=0`` (the digits demo) both give
-            identical batches.
-        worker_transform: How the workers compute the training transform. ``"turbo"``: libjpeg-turbo decode
-            (``simplejpeg``; PIL for non-JPEG, CMYK or damaged files), crop, resize and flip on uint8 tensors with
-            torch, and timm's RandAugment with its slow ops compiled (:mod:`kpca.vision_cls.worker_transform`): the
-            same random draws, pixels within interpolation noise of timm's, about twice the images/s per core.
-            ``"timm"``: timm's PIL transform exactly, for bit-exact reproduction.
+        input: The training input path (:mod:`kpca.vision_cls.input`). ``"turbo"``: DataLoader workers decode with
+            libjpeg-turbo (``simplejpeg``; PIL for non-JPEG, CMYK or damaged files), crop, resize and flip uint8
+            tensors with torch, and run timm's RandAugment with its slow ops compiled
+            (:mod:`kpca.vision_cls.input.turbo`): the same random draws, pixels within interpolation noise of timm's,
+            about twice the images/s per core. ``"timm"``: DataLoader workers run timm's PIL transform exactly, for
+            bit-exact reproduction (the reference). ``"dali"``: NVIDIA DALI (:mod:`kpca.vision_cls.input.dali_loader`,
+            extra ``pip install 'kpca-vision-cls[dali]'``) reads, decodes (nvJPEG on a GPU trainer, CPU operators
+            otherwise), crops, resizes, flips and RandAugments in ``num_workers`` threads, in the order of the
+            sampler the workers would have; it needs ``root`` (not ``builtin``), a ``rand-...`` or no
+            ``auto_augment``, ``augment_on="device"`` and ``bad_files="error"``. Evaluation loaders decode with PIL
+            on every path. Combinations are checked by :func:`~kpca.vision_cls.input.options.check_input_options`.
+        augment_on: Where the training transform finishes. ``"device"``: the loader yields uint8 (3, H, W) images
+            and the float conversion and random erasing run batched after transfer (:class:`DeviceTrainAugment`,
+            the same distributions). ``"workers"``: the DataLoader workers do both per image
+            (:class:`PixelSpaceRandomErasing`). Either way the training step sees float32 pixel-space images. With
+            ``re_prob=0`` (the digits demo) both give identical batches. ``"device_randaugment"``: the workers stop
+            after crop and flip, and timm's RandAugment (a ``rand-...`` ``auto_augment``) runs batched on the device
+            before the float conversion and erasing (:class:`BatchRandAugment`: timm's policy and Pillow's pixels,
+            drawn from torch's generator instead of Python's ``random``), which takes about a third of the workers'
+            CPU time per image off them.
         interpolation: Resampling filter of the training crop, of RandAugment and of the evaluation resize.
         repeated_aug: Copies of each training sample per epoch spread over the ranks (DeiT: 3); 1 disables.
         pin_memory: Pin loaded batches in page-locked memory (only when the trainer's accelerator is not the CPU).
@@ -230,12 +243,6 @@ class ImageNetDataModule(ProjectDataModule):
             ``check-data`` subcommand lists every damaged file before a run.
         max_bad_fraction: With ``bad_files=skip``, the fit stops with an error once more than this fraction of the
             training set is damaged (default 0.001: 1,281 ImageNet images).
-        backend: The training input path. ``"pil"``: DataLoader workers (``worker_transform``). ``"dali"``: NVIDIA
-            DALI (:mod:`kpca.vision_cls.dali_pipeline`, extra ``pip install 'kpca-vision-cls[dali]'``) reads,
-            decodes (nvJPEG on a GPU trainer, CPU operators otherwise), crops, resizes, flips and RandAugments, in
-            ``num_workers`` threads; the same sampler orders the images, and the device tail finishes as with
-            ``device_augment``. Needs ``root`` (not ``builtin``), a ``rand-...`` or no ``auto_augment`` and
-            ``device_augment=True``. Evaluation loaders use the PIL path either way.
     """
 
     def __init__(
@@ -253,8 +260,8 @@ class ImageNetDataModule(ProjectDataModule):
         color_jitter: float = 0.3,
         re_prob: float = 0.25,
         re_mode: Literal["pixel", "rand", "const"] = "pixel",
-        device_augment: bool = True,
-        worker_transform: Literal["turbo", "timm"] = "turbo",
+        input: InputPath = "turbo",
+        augment_on: AugmentOn = "device",
         interpolation: Interpolation = "bicubic",
         repeated_aug: int = 3,
         pin_memory: bool = True,
@@ -267,7 +274,6 @@ class ImageNetDataModule(ProjectDataModule):
         eval_subset: int | None = None,
         bad_files: BadFilesMode = "error",
         max_bad_fraction: float = 0.001,
-        backend: Literal["pil", "dali"] = "pil",
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, cache_dir=cache_dir, pin_memory=pin_memory)
         if (root is None) == (builtin is None):
@@ -289,16 +295,18 @@ class ImageNetDataModule(ProjectDataModule):
             raise ValueError(f"eval_subset={eval_subset} must be positive, or None to evaluate on all images.")
         check_corruptions(corruptions, severities)
         check_bad_files_options(bad_files, max_bad_fraction)
-        if backend not in ("pil", "dali"):
-            raise ValueError(f"backend={backend!r} must be 'pil' (DataLoader workers) or 'dali' (NVIDIA DALI).")
-        if backend == "dali":
-            check_dali_options(builtin, auto_augment, color_jitter, device_augment)
-            if bad_files == "skip":
-                raise ValueError(
-                    "data.bad_files='skip' needs data.backend='pil': DALI decodes inside its own pipeline, where a "
-                    "damaged file cannot be replaced; run `vision-cls check-data` first and keep bad_files='error'."
-                )
-        self.backend = backend
+        check_input_options(
+            input,
+            augment_on,
+            builtin=builtin,
+            auto_augment=auto_augment,
+            color_jitter=color_jitter,
+            bad_files=bad_files,
+        )
+        if input == "dali":
+            require_dali()
+        self.input = input
+        self.augment_on = augment_on
         if (corruptions or imagenet_c_root) and not severities:
             raise ValueError("severities is empty; list at least one of 1-5 for the corruptions and ImageNet-C.")
         if corruptions and image_size < 32:
@@ -313,13 +321,6 @@ class ImageNetDataModule(ProjectDataModule):
         self.color_jitter = color_jitter
         self.re_prob = re_prob
         self.re_mode = re_mode
-        self.device_augment = device_augment
-        if worker_transform not in ("turbo", "timm"):
-            raise ValueError(
-                f"worker_transform={worker_transform!r} must be 'turbo' (libjpeg-turbo decode, torch resize) or 'timm' "
-                "(timm's PIL transform)."
-            )
-        self.worker_transform = worker_transform
         self.interpolation = interpolation
         self.repeated_aug = repeated_aug
         self.imagenet_c_root = Path(imagenet_c_root) if imagenet_c_root is not None else None
@@ -332,6 +333,7 @@ class ImageNetDataModule(ProjectDataModule):
         self.bad_files = bad_files
         self.max_bad_fraction = max_bad_fraction
         self.train_set: Dataset | None = None
+        self.train_samples: list[tuple[str, int]] | None = None
         self._device_augment: DeviceTrainAugment | None = None
         self.val_set: Dataset | None = None
         self.test_sets: list[Dataset] | None = None
@@ -416,8 +418,10 @@ class ImageNetDataModule(ProjectDataModule):
         """Split the global batch (:class:`ProjectDataModule`) and build the datasets that ``stage`` needs."""
         super().setup(stage)
         self._check_layout()
-        if stage in (None, "fit") and self.train_set is None:
-            loader = read_image_bytes if self.worker_transform == "turbo" else default_loader
+        if stage in (None, "fit") and self.input == "dali" and self.train_samples is None:
+            self.train_samples = image_folder_samples(self.data_root / "train", self.classes)  # DALI reads the files
+        elif stage in (None, "fit") and self.input != "dali" and self.train_set is None:
+            loader = train_image_loader(self.input)
             train_set = ImageFolder(str(self.data_root / "train"), transform=self.train_transform(), loader=loader)
             self.train_set = training_set(train_set, self.bad_files, self.max_bad_fraction)
         if stage in (None, "fit", "validate", "predict") and self.val_set is None:
@@ -452,47 +456,41 @@ class ImageNetDataModule(ProjectDataModule):
         )
 
     def train_transform(self) -> Callable:
-        """DeiT training transform of the workers: a uint8 (3, H, W) tensor with ``device_augment``, else float.
+        """The DataLoader workers' training transform: uint8 (3, H, W) with the device finishing it, else float32.
 
-        timm's ``transforms_imagenet_train`` builds the PIL stages (random resized crop, horizontal flip, RandAugment or
-        color jitter). Its tensor stage is replaced: timm would normalise there (``normalize=False`` gives uint8 and
-        drops random erasing). With ``worker_transform="turbo"`` the crop and flip become their tensor equivalents
-        (:func:`kpca.vision_cls.worker_transform.turbo_stages`, which decode the file bytes the training ImageFolder
-        reads; PIL images are accepted too); ``"timm"`` keeps timm's PIL stages on PIL-decoded images. Both end in a
-        uint8 tensor. With ``device_augment`` the workers stop there and :meth:`device_train_augment` finishes on the
-        device; otherwise the float conversion and :class:`PixelSpaceRandomErasing` follow here, per image.
+        timm's DeiT stages, as they are (``input="timm"``) or as their turbo equivalents (``input="turbo"``), then
+        the float conversion and random erasing with ``augment_on="workers"``
+        (:func:`kpca.vision_cls.input.train_transform.worker_train_transform`).
+
+        Raises:
+            ValueError: For ``input="dali"``, whose transform runs in DALI's pipeline (:class:`DaliTrainRecipe`).
         """
-        primary, secondary, _ = transforms_imagenet_train(
-            img_size=self.image_size,
-            scale=self.scale,
-            hflip=self.hflip,
-            color_jitter=self.color_jitter or None,
-            auto_augment=self.auto_augment or None,
-            interpolation=self.interpolation,
-            mean=self.mean,
-            std=self.std,
-            separate=True,
+        if self.input == "dali":
+            raise ValueError(
+                "data.input=dali has no DataLoader worker transform: DALI's pipeline runs it (DaliTrainRecipe)."
+            )
+        stages = timm_train_stages(
+            self.image_size, self.scale, self.hflip, self.color_jitter, self.auto_augment, self.interpolation, self.mean
         )
-        stages = [*primary.transforms, *secondary.transforms]
-        if self.worker_transform == "turbo":
-            stages = turbo_stages(stages)  # ends in a uint8 (3, H, W) tensor
-            if not self.device_augment:
-                stages.append(uint8_to_unit)  # bit-identical to ToTensor
-        else:
-            stages.append(transforms.PILToTensor() if self.device_augment else transforms.ToTensor())
-        if not self.device_augment and self.re_prob > 0:
-            stages.append(PixelSpaceRandomErasing(self.re_prob, self.mean, self.std, mode=self.re_mode))
-        return transforms.Compose(stages)
+        erasing = None
+        if self.re_prob > 0:
+            erasing = PixelSpaceRandomErasing(self.re_prob, self.mean, self.std, mode=self.re_mode)
+        return worker_train_transform(self.input, self.augment_on, stages, erasing)
 
     def device_train_augment(self) -> DeviceTrainAugment:
-        """The batched device tail of the training transform: uint8 -> float in [0, 1], random erasing if on."""
+        """The batched device tail: RandAugment with ``augment_on="device_randaugment"``, uint8 -> float, erasing."""
         erasing = BatchRandomErasing(self.re_prob, self.mean, self.std, mode=self.re_mode) if self.re_prob > 0 else None
-        return DeviceTrainAugment(erasing)
+        rand_augment = None
+        if self.augment_on == "device_randaugment":
+            hparams = timm_train_hparams(self.image_size, self.mean, self.interpolation)
+            rand_augment = BatchRandAugment(self.auto_augment, hparams)
+        return DeviceTrainAugment(erasing, rand_augment)
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
         """Finish uint8 training batches on the device (:meth:`device_train_augment`); pass float batches through.
 
-        Only the training loader with ``device_augment`` yields uint8 images; evaluation batches are already float.
+        Only the training loader with ``augment_on="device"`` or ``"device_randaugment"`` yields uint8 images;
+        evaluation batches are already float.
         """
         images, labels = batch
         if images.dtype != torch.uint8:
@@ -519,12 +517,12 @@ class ImageNetDataModule(ProjectDataModule):
         ``PL_GLOBAL_SEED`` (set by ``seed_everything``; the seed Lightning gives its own samplers). Being a
         ``DistributedSampler``, Lightning uses it as is (no wrapping) and calls its ``set_epoch`` every epoch.
         Otherwise the loader shuffles, and under DDP Lightning swaps in its ``DistributedSampler``. With
-        ``backend="dali"`` a :class:`DaliTrainLoader` reads in the order of the same samplers
+        ``input="dali"`` a :class:`DaliTrainLoader` reads in the order of the same samplers
         (:meth:`_dali_train_loader`).
         """
-        train_set = require_built(self.train_set, "fit")
-        if self.backend == "dali":
+        if self.input == "dali":
             return self._dali_train_loader()
+        train_set = require_built(self.train_set, "fit")
         if self.repeated_aug == 1:
             return self.train_loader(train_set)
         trainer = self.trainer
@@ -540,18 +538,14 @@ class ImageNetDataModule(ProjectDataModule):
     def _dali_train_loader(self) -> DaliTrainLoader:
         """This rank's DALI loader over ``root/train``, on the trainer's device.
 
-        Its sampler is the one the PIL path gets under DDP: Lightning's ``DistributedSampler`` (shuffled, seeded with
-        ``PL_GLOBAL_SEED``), or the :class:`RepeatAugSampler` with ``repeated_aug > 1``; Lightning calls its
-        ``set_epoch`` as for a DataLoader's sampler.
+        Its sampler is the one the workers' loader gets under DDP (:func:`kpca.vision_cls.input.samplers.rank_sampler`,
+        seeded with ``PL_GLOBAL_SEED``); Lightning calls its ``set_epoch`` as for a DataLoader's sampler.
         """
+        samples = require_built(self.train_samples, "fit")
         trainer = self.trainer
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        samples = image_folder_samples(self.data_root / "train", self.classes)
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        if self.repeated_aug > 1:
-            sampler = RepeatAugSampler(samples, world_size, rank, num_repeats=self.repeated_aug, seed=seed)
-        else:
-            sampler = DistributedSampler(samples, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        sampler = rank_sampler(samples, world_size, rank, self.repeated_aug, seed)
         recipe = DaliTrainRecipe.from_timm(
             self.image_size, self.scale, self.hflip, self.auto_augment, self.interpolation, self.mean
         )

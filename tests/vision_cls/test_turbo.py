@@ -15,7 +15,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import default_loader
 
 from kpca.vision_cls.data import ImageNetDataModule
-from kpca.vision_cls.worker_transform import DecodeRGB, TensorRandomResizedCrop, decode_rgb, read_image_bytes
+from kpca.vision_cls.input.turbo import DecodeRGB, TensorRandomResizedCrop, decode_rgb, read_image_bytes
 
 SIZES = ((500, 375), (375, 500), (333, 251), (17, 9))  # ImageNet's usual shapes, odd sides, a tiny image
 SEEDS = range(6)
@@ -132,7 +132,7 @@ def test_nearest_crop_is_exact_when_downsampling(photos: list[Image.Image]):
 
 
 def test_crop_refuses_filters_torch_lacks():
-    with pytest.raises(ValueError, match=r"\['lanczos'\].*worker_transform=timm"):
+    with pytest.raises(ValueError, match=r"\['lanczos'\].*input=timm"):
         TensorRandomResizedCrop(RandomResizedCropAndInterpolation(224, interpolation="lanczos"))
 
 
@@ -154,7 +154,7 @@ def test_deit_recipe_sees_the_same_images_within_interpolation_noise(
     root = write_photo_tree(tmp_path, photos)
     options = {"root": str(root), "auto_augment": auto_augment}
     turbo = ImageNetDataModule(**options).train_transform()
-    timm = ImageNetDataModule(**options, worker_transform="timm").train_transform()
+    timm = ImageNetDataModule(**options, input="timm").train_transform()
     files = sorted(str(path) for path in (root / "train").rglob("*.JPEG"))
     flips = []
     for path in files:
@@ -178,8 +178,8 @@ def test_deit_recipe_sees_the_same_images_within_interpolation_noise(
 def test_labels_and_samples_are_imagefolders(tmp_path: Path, photos: list[Image.Image]):
     root = write_photo_tree(tmp_path, photos)
     folder = ImageFolder(str(root / "train"))
-    for worker_transform in ("turbo", "timm"):
-        data = ImageNetDataModule(root=str(root), worker_transform=worker_transform, batch_size=2, repeated_aug=1)
+    for path in ("turbo", "timm"):
+        data = ImageNetDataModule(root=str(root), input=path, batch_size=2, repeated_aug=1)
         data.setup("fit")
         labels = [data.train_set[i][1] for i in range(len(folder))]
         assert labels == folder.targets and len(data.train_set) == len(folder)
@@ -187,13 +187,8 @@ def test_labels_and_samples_are_imagefolders(tmp_path: Path, photos: list[Image.
         assert image.shape == (3, 224, 224) and image.dtype == torch.uint8
 
 
-def test_worker_transform_is_checked():
-    with pytest.raises(ValueError, match="worker_transform='pil'.*'turbo'.*'timm'"):
-        ImageNetDataModule(builtin="digits", worker_transform="pil")
-
-
-def test_turbo_without_device_augment_ends_in_float_and_erasing(photos: list[Image.Image]):
-    transform = ImageNetDataModule(builtin="digits", device_augment=False, image_size=32).train_transform()
+def test_turbo_finishing_on_workers_ends_in_float_and_erasing(photos: list[Image.Image]):
+    transform = ImageNetDataModule(builtin="digits", augment_on="workers", image_size=32).train_transform()
     names = [getattr(stage, "__name__", type(stage).__name__) for stage in transform.transforms]
     assert names[:2] == ["DecodeRGB", "TensorRandomResizedCrop"] and names[-2:] == [
         "uint8_to_unit",
@@ -210,7 +205,7 @@ def test_demo_recipe_without_pil_stages_matches_timm(tmp_path: Path, photos: lis
     photos[1].resize((32, 32), Image.BICUBIC).save(path)
     options = {"builtin": "digits", "image_size": 32, "scale": (0.6, 1.0), "hflip": 0.0, "auto_augment": None}
     turbo = ImageNetDataModule(**options, color_jitter=0.0).train_transform()
-    timm = ImageNetDataModule(**options, color_jitter=0.0, worker_transform="timm").train_transform()
+    timm = ImageNetDataModule(**options, color_jitter=0.0, input="timm").train_transform()
     assert turbo.transforms[-1].__name__ == "hwc_to_chw"
     for seed in SEEDS:
         seed_all(seed)

@@ -10,7 +10,7 @@ Legend: B batch, C channels (3), H x W image, A erasing attempts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -31,7 +31,7 @@ def uint8_to_unit(images: Tensor) -> Tensor:
 
 
 class BatchRandomErasing:
-    """:class:`~kpca.vision_cls.augment.PixelSpaceRandomErasing` for a whole batch at once, on the batch's device.
+    """:class:`~kpca.vision_cls.input.random_erasing.PixelSpaceRandomErasing` for a whole batch, on its device.
 
     Per image, the same distribution as timm's ``RandomErasing`` with one box (DeiT's setting): erase with
     ``probability``; try up to 10 boxes of area ``U(min_area, max_area) * H * W`` and aspect ``exp(U(log min_aspect,
@@ -118,20 +118,28 @@ def _uniform_integer(counts: Tensor) -> Tensor:
 
 
 class DeviceTrainAugment:
-    """The device tail of the training transform: uint8 -> float in [0, 1], then batched random erasing (if any).
+    """The device tail of the training transform: RandAugment (if moved here), uint8 -> float in [0, 1], then erasing.
 
     Args:
         erasing: The batched eraser, or None when random erasing is off.
+        rand_augment: The batched RandAugment of ``augment_on: device_randaugment``
+            (:class:`~kpca.vision_cls.input.batch_rand_augment.BatchRandAugment`, uint8 -> uint8), or None when the
+            workers ran it.
     """
 
-    def __init__(self, erasing: BatchRandomErasing | None) -> None:
+    def __init__(
+        self, erasing: BatchRandomErasing | None, rand_augment: Callable[[Tensor], Tensor] | None = None
+    ) -> None:
         self.erasing = erasing
+        self.rand_augment = rand_augment
 
     def __call__(self, images: Tensor) -> Tensor:
-        """(B, C, H, W) uint8 images -> (B, C, H, W) float32 pixel-space images, erased as the recipe says."""
+        """(B, C, H, W) uint8 images -> (B, C, H, W) float32 pixel-space images, augmented as the recipe says."""
+        if self.rand_augment is not None:
+            images = self.rand_augment(images)  # (B, C, H, W) uint8
         unit = uint8_to_unit(images)  # (B, C, H, W)
         return unit if self.erasing is None else self.erasing(unit)
 
     def __repr__(self) -> str:
-        """Show the eraser."""
-        return f"{type(self).__name__}(erasing={self.erasing!r})"
+        """Show the RandAugment and the eraser."""
+        return f"{type(self).__name__}(rand_augment={self.rand_augment!r}, erasing={self.erasing!r})"

@@ -1,16 +1,17 @@
-"""The DALI training input path (``data.backend: dali``): options, recipe and the loader Lightning iterates.
+"""The DALI training input path (``data.input: dali``): the recipe and the loader Lightning iterates.
 
-The pipeline (:mod:`kpca.vision_cls._dali_graph`) mirrors the PIL path's DeiT recipe (timm's
+The pipeline (:mod:`kpca.vision_cls.input.dali_graph`) mirrors the workers' DeiT recipe (timm's
 ``transforms_imagenet_train``) up to the uint8 crop: ``fn.readers.file`` -> ``fn.decoders.image_random_crop`` (the
 random-resized-crop window, decoded as a region of interest) -> ``fn.resize`` to ``image_size`` -> horizontal flip
--> timm's RandAugment (:mod:`kpca.vision_cls.dali_rand_augment`) -> (C, S, S) uint8. The device tail (float
+-> timm's RandAugment (:mod:`kpca.vision_cls.input.dali_rand_augment`) -> (C, S, S) uint8. The device tail (float
 conversion, random erasing) and Mixup/CutMix then run unchanged after transfer. On a GPU the decoder is ``mixed``
 (nvJPEG) and every later stage runs on the GPU; on a CPU trainer the same graph runs on CPU operators.
 
-Which images a rank reads, and in which order, is decided by the PIL path's own sampler (a ``DistributedSampler``
-seeded with ``PL_GLOBAL_SEED``, as Lightning injects, or DeiT's :class:`~kpca.vision_cls.augment.RepeatAugSampler`):
-each epoch builds a pipeline whose reader walks that epoch's index list in order. So both backends read the same
-files per rank and step, and an epoch ends where the PIL path's ``drop_last=True`` loader ends.
+Which images a rank reads, and in which order, is decided by the sampler the DataLoader paths have under DDP
+(:func:`kpca.vision_cls.input.samplers.rank_sampler`: a ``DistributedSampler`` seeded with ``PL_GLOBAL_SEED``, as
+Lightning injects, or DeiT's ``RepeatAugSampler``): each epoch builds a pipeline whose reader walks that epoch's index
+list in order. So every input path reads the same files per rank and step, and an epoch ends where the workers'
+``drop_last=True`` loader ends.
 
 ``nvidia.dali`` is imported lazily, inside the functions that need it: the default install never imports it.
 
@@ -30,7 +31,7 @@ from torch import Tensor
 from torch.utils.data import DistributedSampler
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
-from kpca.vision_cls.dali_rand_augment import RandAugmentConfig, parse_rand_augment
+from kpca.vision_cls.input.dali_rand_augment import RandAugmentConfig, parse_rand_augment
 
 DALI_INSTALL = "pip install 'kpca-vision-cls[dali]'"
 
@@ -41,49 +42,14 @@ def require_dali() -> None:
         import nvidia.dali  # noqa: F401
     except ImportError as error:
         raise ImportError(
-            f"data.backend='dali' needs NVIDIA DALI, which is not importable ({error}). Install the extra: "
-            f"{DALI_INSTALL} (or set data.backend=pil)."
+            f"data.input=dali needs NVIDIA DALI, which is not importable ({error}). Install the extra: "
+            f"{DALI_INSTALL} (or set data.input=turbo, the default, or data.input=timm)."
         ) from error
-
-
-def check_dali_options(
-    builtin: str | None, auto_augment: str | None, color_jitter: float, device_augment: bool
-) -> None:
-    """Refuse the data options the DALI path cannot honour, then check that DALI imports (:func:`require_dali`).
-
-    Each refusal is a ValueError naming the option and the fix.
-
-    Args:
-        builtin: ``data.builtin``; the DALI path reads an ImageFolder ``root`` only.
-        auto_augment: ``data.auto_augment``; a timm ``rand-...`` string or None.
-        color_jitter: ``data.color_jitter``; as in timm it only acts without ``auto_augment``, and DALI has no
-            mirror of timm's ColorJitter.
-        device_augment: ``data.device_augment``; DALI always hands uint8 images to the device tail.
-    """
-    if builtin is not None:
-        raise ValueError(
-            f"data.backend='dali' reads an ImageFolder root (root/train/<class>/*.JPEG), not builtin={builtin!r}; "
-            "set data.root, or keep data.backend=pil for the built-in digits."
-        )
-    if auto_augment:
-        parse_rand_augment(auto_augment)
-    elif color_jitter:
-        raise ValueError(
-            f"data.color_jitter={color_jitter} with auto_augment=None: the DALI path has no mirror of timm's "
-            "ColorJitter; set data.color_jitter=0 or use data.backend=pil."
-        )
-    if not device_augment:
-        raise ValueError(
-            "data.device_augment=false keeps float conversion and random erasing in the DataLoader workers, which "
-            "the DALI path does not have (it always finishes on the device); set data.device_augment=true or use "
-            "data.backend=pil."
-        )
-    require_dali()
 
 
 @dataclass(frozen=True)
 class DaliTrainRecipe:
-    """The training transform the DALI pipeline applies, in the PIL path's terms.
+    """The training transform the DALI pipeline applies, in the workers' terms (timm's options).
 
     Attributes:
         image_size: Side S of the square crop, in pixels.
@@ -220,7 +186,7 @@ class DaliTrainLoader:
     def _batches(self) -> Generator[tuple[Tensor, Tensor], None, None]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        from kpca.vision_cls._dali_graph import READER_NAME, build_train_pipeline
+        from kpca.vision_cls.input.dali_graph import READER_NAME, build_train_pipeline
 
         files, labels = zip(*self.epoch_samples(), strict=True)
         pipeline = build_train_pipeline(

@@ -4,7 +4,7 @@ timm's ``AugmentOp`` turns a magnitude m (0-10) into each op's argument with a l
 (``timm.data.auto_augment.LEVEL_TO_ARG``) and negates some of them at random. DALI looks arguments up per sample, so
 each op here gets a table: the argument of every magnitude from 0 to ``magnitude_max`` in steps of 0.01
 (:data:`BINS_PER_LEVEL`), each in both signs, at index ``2 * bin + negated``. The formulas are timm's, one function
-each below; :mod:`kpca.vision_cls._dali_graph` applies the ops.
+each below; :mod:`kpca.vision_cls.input.dali_graph` applies the ops.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def parse_rand_augment(config: str) -> RandAugmentConfig:
     if sections[0] != "rand":
         raise ValueError(
             f"auto_augment={config!r}: the DALI path mirrors timm's RandAugment ('rand-...', e.g. DeiT's "
-            "'rand-m9-mstd0.5-inc1') only; use data.backend=pil for other policies."
+            "'rand-m9-mstd0.5-inc1') only; use data.input=turbo (the default) or data.input=timm for other policies."
         )
     fields: dict[str, Any] = {}
     for section in sections[1:]:
@@ -165,7 +165,7 @@ class OpSpec:
 
     Attributes:
         name: timm's op name, e.g. ``"PosterizeIncreasing"``.
-        kind: The operation in :mod:`kpca.vision_cls._dali_graph` (timm's name without ``Increasing``).
+        kind: The operation in :mod:`kpca.vision_cls.input.dali_graph` (timm's name without ``Increasing``).
         table: (2 * bins, ...) argument per signed magnitude bin (index ``2 * bin + negated``), or None for ops
             without an argument.
     """

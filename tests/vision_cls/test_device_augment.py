@@ -10,10 +10,10 @@ from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torchvision import transforms
 
-from kpca.vision_cls.augment import PixelSpaceRandomErasing
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
-from kpca.vision_cls.device_augment import BatchRandomErasing, DeviceTrainAugment, uint8_to_unit
+from kpca.vision_cls.input.device_augment import BatchRandomErasing, DeviceTrainAugment, uint8_to_unit
+from kpca.vision_cls.input.random_erasing import PixelSpaceRandomErasing
 from tests.cli_support import CONFIGS, run_cli, smoke_options
 
 HEIGHT, WIDTH = 24, 40  # not square, so a box drawn with h and w swapped shows in the aspect statistics
@@ -79,8 +79,8 @@ def test_uint8_to_unit_refuses_float_images():
 
 
 def test_device_path_without_erasing_equals_the_reference_transform():
-    reference = ImageNetDataModule(builtin="digits", image_size=16, re_prob=0.0, device_augment=False)
-    device = ImageNetDataModule(builtin="digits", image_size=16, re_prob=0.0, device_augment=True)
+    reference = ImageNetDataModule(builtin="digits", image_size=16, re_prob=0.0, augment_on="workers")
+    device = ImageNetDataModule(builtin="digits", image_size=16, re_prob=0.0, augment_on="device")
     image = random_photo()
     seed_all(3)
     expected = reference.train_transform()(image)  # (3, 16, 16) float32
@@ -140,16 +140,16 @@ def test_device_train_augment_follows_re_prob():
     assert isinstance(augment, DeviceTrainAugment) and augment.erasing.mode == "rand"
 
 
-def test_evaluation_transform_is_unchanged_by_device_augment():
+def test_evaluation_transform_is_unchanged_by_augment_on():
     image = random_photo(size=(40, 40))
-    on = ImageNetDataModule(builtin="digits", image_size=32, device_augment=True)._eval_transform()(image)
-    off = ImageNetDataModule(builtin="digits", image_size=32, device_augment=False)._eval_transform()(image)
+    on = ImageNetDataModule(builtin="digits", image_size=32, augment_on="device")._eval_transform()(image)
+    off = ImageNetDataModule(builtin="digits", image_size=32, augment_on="workers")._eval_transform()(image)
     assert on.dtype == torch.float32 and torch.equal(on, off)
 
 
 @pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
 def test_fit_on_the_smoke_config_with_the_device_path(tmp_path: Path, digits_cache_dir: Path):
     options = smoke_options(CONFIGS / "vision_cls" / "smoke.yaml", tmp_path, digits_cache_dir)
-    cli = run_cli(main, "vision-cls", "fit", *options, "--data.device_augment=true", "--trainer.fast_dev_run=2")
-    assert cli.datamodule.device_augment and cli.datamodule.re_prob > 0
+    cli = run_cli(main, "vision-cls", "fit", *options, "--data.augment_on=device", "--trainer.fast_dev_run=2")
+    assert cli.datamodule.augment_on == "device" and cli.datamodule.re_prob > 0
     assert cli.trainer.state.finished and cli.trainer.global_step == 2

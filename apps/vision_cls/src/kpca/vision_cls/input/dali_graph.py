@@ -1,7 +1,7 @@
 """The DALI operator graph of the training path: timm's RandAugment ops and the pipeline. Imports ``nvidia.dali``.
 
-Only :mod:`kpca.vision_cls.dali_pipeline` imports this module, lazily, when a DALI loader starts an epoch.
-Argument tables are built before the pipeline is defined (:mod:`kpca.vision_cls.dali_rand_augment`): the pipeline
+Only :mod:`kpca.vision_cls.input.dali_loader` imports this module, lazily, when a DALI loader starts an epoch.
+Argument tables are built before the pipeline is defined (:mod:`kpca.vision_cls.input.dali_rand_augment`): the pipeline
 definition is traced by DALI's autograph (``enable_conditionals``, which per-sample op choice needs), and Python
 work inside it is slow there.
 
@@ -21,10 +21,10 @@ from nvidia.dali.auto_aug import augmentations
 from nvidia.dali.auto_aug.core import select
 from nvidia.dali.data_node import DataNode
 
-from kpca.vision_cls.dali_rand_augment import OpSpec, RandAugmentConfig, rand_augment_specs
+from kpca.vision_cls.input.dali_rand_augment import OpSpec, RandAugmentConfig, rand_augment_specs
 
 if TYPE_CHECKING:
-    from kpca.vision_cls.dali_pipeline import DaliTrainRecipe
+    from kpca.vision_cls.input.dali_loader import DaliTrainRecipe
 
 READER_NAME = "train_reader"
 CROP_ATTEMPTS = 10  # timm's RandomResizedCrop tries this many windows before its fallback
@@ -171,7 +171,7 @@ def build_train_pipeline(
     Args:
         files: Image paths, read once each in this order (no shuffling: the caller's sampler ordered them).
         labels: Class index of each file.
-        recipe: The transform (:class:`~kpca.vision_cls.dali_pipeline.DaliTrainRecipe`).
+        recipe: The transform (:class:`~kpca.vision_cls.input.dali_loader.DaliTrainRecipe`).
         batch_size: Images per batch.
         device_id: CUDA device index: nvJPEG decoding (``mixed``) and GPU operators; None runs CPU operators.
         num_threads: CPU threads of the pipeline.

@@ -1,4 +1,4 @@
-"""The turbo training transform of the workers: libjpeg-turbo decode, then crop, resize and flip on uint8 tensors.
+"""The turbo training transform of the workers (``data.input: turbo``): libjpeg-turbo decode, torch crop and resize.
 
 timm's DeiT transform decodes with PIL and crops, resizes and flips PIL images. The turbo path draws the same random
 numbers from the same generators in the same order, and changes only how the pixels are computed:
@@ -15,7 +15,8 @@ numbers from the same generators in the same order, and changes only how the pix
 
 The remaining stages (RandAugment, or colour jitter) are timm's own objects, run on a PIL image made from the
 224 x 224 crop; RandAugment's slow ops (rotations, shears, translations, sharpness, contrast, colour, brightness)
-compute their pixels with compiled copies of Pillow's loops (:mod:`kpca.vision_cls.rand_augment`, bit-identical).
+compute their pixels with compiled copies of Pillow's loops (:mod:`kpca.vision_cls.input.compiled_rand_augment`,
+bit-identical).
 
 Legend: H x W decoded image, h x w crop box, S output side, C channels (3).
 """
@@ -37,7 +38,7 @@ from torch import Tensor
 from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
-from kpca.vision_cls.rand_augment import with_compiled_ops
+from kpca.vision_cls.input.compiled_rand_augment import with_compiled_ops
 
 # Pillow's filter for each mode timm may pick, as torch names it: "nearest-exact" samples pixel centres as PIL does.
 TORCH_INTERPOLATION = {
@@ -98,7 +99,7 @@ class TensorRandomResizedCrop:
         if unsupported:
             raise ValueError(
                 f"interpolation {unsupported} has no torch resize on the turbo path; use one of bicubic, bilinear, "
-                "nearest, or set data.worker_transform=timm for timm's PIL transform."
+                "nearest, or set data.input=timm for timm's PIL transform."
             )
         self.crop = crop
 

@@ -1,18 +1,16 @@
-"""DeiT's training-side sampling and augmentation: the repeated-augmentation sampler and pixel-space random erasing.
+"""The training samplers: DeiT's repeated-augmentation sampler, and the sampler of a loader Lightning does not wrap.
 
-Legend: H x W image.
+The DataLoader paths (``data.input: turbo | timm``) get :class:`RepeatAugSampler` with ``data.repeated_aug > 1``,
+else Lightning's own. The DALI path is no DataLoader, so :func:`rank_sampler` builds the one Lightning would inject.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence, Sized
-from typing import Literal
+from collections.abc import Iterator, Sized
 
 import torch
 import torch.distributed as dist
-from timm.data.random_erasing import RandomErasing
-from torch import Tensor
 from torch.utils.data import DistributedSampler
 
 
@@ -86,42 +84,20 @@ class RepeatAugSampler(DistributedSampler):
         return self.num_selected_samples
 
 
-class PixelSpaceRandomErasing:
-    """timm's ``RandomErasing`` for pixel-space images, with the fill DeiT draws in normalised space.
+def rank_sampler(dataset: Sized, num_replicas: int, rank: int, repeated_aug: int, seed: int) -> DistributedSampler:
+    """This rank's training sampler for a loader Lightning does not wrap (the DALI path).
 
-    DeiT erases *normalised* images and fills the box with z ~ N(0, 1) per pixel (mode ``"pixel"``), per channel
-    (``"rand"``) or z = 0 (``"const"``). Our images are normalised later, inside the model, so the same fill in pixel
-    space is ``mean + std * z`` per channel. It is not clipped (it leaves [0, 1] on purpose): after the model's
-    normalisation the erased box holds exactly timm's values. The boxes are drawn by timm's own ``RandomErasing`` (same
-    parameters, same random calls) on a NaN canvas; the pixels it filled are copied, mapped to pixel space, into the
-    image, and the other pixels are left untouched.
+    The sampler a DataLoader path gets under DDP: :class:`RepeatAugSampler` with ``repeated_aug > 1``, else the
+    shuffled ``DistributedSampler`` Lightning injects (it pads the dataset to a multiple of ``num_replicas`` by
+    repeating its first indices). Lightning calls its ``set_epoch`` as for a DataLoader's sampler.
 
     Args:
-        probability: Probability of erasing an image.
-        mean: Per-channel normalisation mean of the model.
-        std: Per-channel normalisation std of the model.
-        mode: Fill mode of timm's ``RandomErasing``: ``"pixel"``, ``"rand"`` or ``"const"``.
-        max_count: Maximum number of boxes per image.
+        dataset: What is sampled (only its length is used).
+        num_replicas: Number of processes.
+        rank: This process's rank.
+        repeated_aug: ``data.repeated_aug``: copies of each sample per epoch spread over the ranks; 1 disables.
+        seed: Base seed of the per-epoch permutation (``PL_GLOBAL_SEED``); the same on all ranks.
     """
-
-    def __init__(
-        self,
-        probability: float,
-        mean: Sequence[float],
-        std: Sequence[float],
-        mode: Literal["pixel", "rand", "const"] = "pixel",
-        max_count: int = 1,
-    ) -> None:
-        self.erasing = RandomErasing(probability, mode=mode, max_count=max_count, device="cpu")
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)  # (3, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)  # (3, 1, 1)
-
-    def __call__(self, image: Tensor) -> Tensor:
-        """Erase boxes of a (3, H, W) float image in [0, 1]; returns a new tensor."""
-        canvas = self.erasing(torch.full_like(image, float("nan")))  # (3, H, W): NaN where not erased
-        erased = ~torch.isnan(canvas)
-        return torch.where(erased, self.mean + self.std * canvas, image)
-
-    def __repr__(self) -> str:
-        """Show the wrapped timm transform."""
-        return f"{type(self).__name__}({self.erasing!r})"
+    if repeated_aug > 1:
+        return RepeatAugSampler(dataset, num_replicas, rank, num_repeats=repeated_aug, seed=seed)
+    return DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)

@@ -1,0 +1,666 @@
+"""timm's RandAugment on a whole uint8 batch on its device: per-image ops, magnitudes, signs and interpolation.
+
+:class:`BatchRandAugment` lets the DataLoader workers stop at uint8 after crop and flip: DeiT's
+``rand-m9-mstd0.5-inc1`` then runs on the batch after transfer, before random erasing
+(:mod:`kpca.vision_cls.input.device_augment`) and mixup.
+
+Policy: timm's own parser (``rand_augment_transform``) reads the config string and hparams; the op list, ``prob``,
+magnitude, ``magnitude_std`` (``mstd``, > 100 means uniform), ``magnitude_max`` (``mmax``), the choice weights, the
+fill and the interpolation are taken from the RandAugment object it returns. Per image and layer the draws follow
+``RandAugment.__call__`` and ``AugmentOp.__call__``: an op uniformly with replacement (or by weight without
+replacement), applied iff ``U < prob``, magnitude ``N(m, mstd)`` (``U(0, m)`` for infinite mstd) clipped to
+``[0, mmax or 10]``, a sign negated iff ``U > 0.5`` for the ops whose level function negates, and one interpolation
+drawn uniformly from timm's tuple (bilinear or bicubic) for geometric ops when hparams fix none. The random numbers
+come from a ``torch.Generator`` instead of Python's ``random``: the draws differ, their distribution does not.
+
+Pixels follow Pillow 11 (what timm's ops call) in Pillow's own arithmetic:
+
+* Integer ops, bit-exact: Invert, Posterize, Solarize, SolarizeAdd (timm's LUT), AutoContrast (Pillow's float64
+  LUT from each channel's min and max, truncated), Equalize (Pillow's integer LUT from each channel's histogram).
+* ``ImageEnhance`` ops, bit-exact: ``Image.blend(degenerate, image, factor)`` in float32, truncated and clipped.
+  Color's degenerate is grey ``L = (19595 R + 38470 G + 7471 B + 2**15) >> 16``; Contrast's the mean of L rounded
+  as ``ImageStat`` does; Brightness's black; Sharpness's the SMOOTH filter (1 1 1 / 1 5 1 / 1 1 1 over 13, summed in
+  float32 in Pillow's order, rounded, border copied).
+* Geometric ops (Rotate about the centre as ``Image.rotate``, ShearX/Y, TranslateX/Y(Rel)): Pillow's affine inverse
+  mapping, output pixel centre -> source point in float64; a source point outside the image takes the fill colour;
+  bilinear and bicubic (Pillow's a = -1 cubic) with repeated edges, in float64, clipped and truncated; nearest as
+  Pillow's generic path. Bicubic and bilinear match Pillow bit for bit but for one-ulp differences of ``cos``/``sin``
+  between libm and torch's device (absorbed by Pillow's rounding of the rotation to 15 decimals almost always).
+  Pillow's nearest affine has fixed-point and incremental fast paths that this float formula only approximates.
+
+Hand-written, not library: torchvision's v2 geometric ops take one angle per call and resample through
+``grid_sample``, and so would kornia's ``warp_affine``; ``grid_sample``'s bicubic is the a = -0.75 kernel (Pillow's
+is a = -1), it pads taps rather than testing the source point (Pillow's fill rule), and returns rounded floats
+(Pillow truncates): several grey levels off at edges. The gather sampler here has Pillow's kernel, edge rule, fill
+rule and truncation with per-image matrices and costs no extra dependency. torchvision's colour ops
+(``adjust_contrast`` and friends) compute in float and round, and its grey is float ``0.2989 R + 0.587 G + 0.114 B``,
+not Pillow's integer luma, so they too are one grey level off on many pixels; the pixel ops here are a few lines each.
+
+Vectorised over the batch: per layer and op kind (at most 15), the images that drew that op are gathered, transformed
+with their own parameters and written back; only the op kinds loop in Python. On CUDA each op kind costs one
+host sync (the count of images that drew it). The geometric ops gather 16 (rotation) or 4 (shear, translation)
+taps per pixel in float64: memory-bound passes that a GPU runs fast, but that make this path slower per image on a
+CPU than Pillow's (about 6 ms against 1 ms per 224 px image on one busy core; see benchmarks/batch_rand_augment.py).
+
+Legend: B batch, L layers (ops per image), N images that drew one op, C channels (3), H x W image, K op kinds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN
+from timm.data import auto_augment as timm_aa
+from timm.data.transforms import _pil_interpolation_to_str, str_to_pil_interp
+from torch import Tensor
+
+PixelOp = Callable[[Tensor, Tensor], Tensor]  # (N, C, H, W) uint8, (N,) float64 argument -> (N, C, H, W) uint8
+MatrixOp = Callable[[Tensor, int, int], Tensor]  # (N,) float64 argument, H, W -> (N, 6) float64 Pillow coefficients
+Level = Callable[[Tensor, Tensor, dict], Tensor]  # (...) magnitude, (...) negate, hparams -> (...) float64 argument
+
+# Pillow's luma weights and rounding (ITU-R 601-2 in 16-bit fixed point, ``Convert.c``'s L24).
+_LUMA_WEIGHTS = (19595, 38470, 7471)
+_LUMA_ROUND = 1 << 15
+_LUMA_SHIFT = 16
+# ImageFilter.SMOOTH over its scale, as float32 like Pillow's kernel.
+_SMOOTH_SIDE = (torch.tensor(1.0) / 13.0).item()
+_SMOOTH_CENTRE = (torch.tensor(5.0) / 13.0).item()
+
+
+def timm_train_hparams(
+    img_size: int | Sequence[int] = 224,
+    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+    interpolation: str = "bicubic",
+) -> dict:
+    """The hparams timm's ``transforms_imagenet_train`` passes to ``rand_augment_transform`` (DeiT's defaults).
+
+    ``translate_const`` is 45 % of the shorter side, ``img_mean`` the mean in 0-255 rounded, and the
+    interpolation is fixed unless ``"random"`` (then timm picks bilinear or bicubic per geometric op).
+    """
+    size_min = min(img_size) if isinstance(img_size, Sequence) else img_size
+    hparams = {"translate_const": int(size_min * 0.45), "img_mean": tuple(min(255, round(255 * x)) for x in mean)}
+    if interpolation and interpolation != "random":
+        hparams["interpolation"] = str_to_pil_interp(interpolation)
+    return hparams
+
+
+# ---- level -> argument: timm's LEVEL_TO_ARG in float64, the sign drawn outside --------------------------------------
+
+
+def _true_divide(numerator: Tensor, denominator: Tensor | float) -> Tensor:
+    """``numerator / denominator`` rounded once, as Python divides; a scalar denominator becomes a full tensor.
+
+    torch computes ``scalar / tensor`` as ``reciprocal(tensor) * scalar`` and, on CUDA, ``tensor / scalar`` as
+    ``tensor * (1 / scalar)``: a second rounding, enough to move a truncation by one level.
+    """
+    if not isinstance(denominator, Tensor):
+        denominator = torch.full_like(numerator, denominator)
+    return numerator.div(denominator)
+
+
+def _fraction(magnitude: Tensor) -> Tensor:
+    """``level / _LEVEL_DENOM``, timm's first step of every level function."""
+    return _true_divide(magnitude, timm_aa._LEVEL_DENOM)
+
+
+def _signed(value: Tensor, negate: Tensor) -> Tensor:
+    """As timm's ``_randomly_negate`` with its coin already drawn: ``-value`` where ``negate``."""
+    return torch.where(negate, -value, value)
+
+
+def _rotate_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return _signed(_fraction(magnitude) * 30.0, negate)
+
+
+def _shear_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return _signed(_fraction(magnitude) * 0.3, negate)
+
+
+def _translate_abs_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return _signed(_fraction(magnitude) * float(hparams["translate_const"]), negate)
+
+
+def _translate_rel_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return _signed(_fraction(magnitude) * hparams.get("translate_pct", 0.45), negate)
+
+
+def _enhance_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return _fraction(magnitude) * 1.8 + 0.1
+
+
+def _enhance_increasing_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return (1.0 + _signed(_fraction(magnitude) * 0.9, negate)).clamp(min=0.1)
+
+
+def _posterize_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return (_fraction(magnitude) * 4).trunc()
+
+
+def _posterize_increasing_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return 4 - _posterize_level(magnitude, negate, hparams)
+
+
+def _posterize_original_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return _posterize_level(magnitude, negate, hparams) + 4
+
+
+def _solarize_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return (_fraction(magnitude) * 256).trunc().clamp(max=256)
+
+
+def _solarize_increasing_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return 256 - _solarize_level(magnitude, negate, hparams)
+
+
+def _solarize_add_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return (_fraction(magnitude) * 110).trunc().clamp(max=128)
+
+
+def _no_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
+    return torch.zeros_like(magnitude)
+
+
+# ---- pixel ops on (N, C, H, W) uint8 -----------------------------------------------------------------------------
+
+
+def _per_image(values: Tensor) -> Tensor:
+    """(N,) -> (N, 1, 1, 1), to broadcast one value per image."""
+    return values.view(-1, 1, 1, 1)
+
+
+def invert(images: Tensor, arg: Tensor | None = None) -> Tensor:
+    """``ImageOps.invert``: ``255 - x``."""
+    return 255 - images
+
+
+def posterize(images: Tensor, bits: Tensor) -> Tensor:
+    """``ImageOps.posterize`` per image: keep the top ``bits`` (N,) bits (8 or more: unchanged, 0 or less: black)."""
+    shift = _per_image((8 - bits).clamp(0, 8).int())  # (N, 1, 1, 1)
+    return ((images.int() >> shift) << shift).to(torch.uint8)
+
+
+def solarize(images: Tensor, threshold: Tensor) -> Tensor:
+    """``ImageOps.solarize`` per image: values at or above ``threshold`` (N,) are inverted."""
+    return torch.where(images < _per_image(threshold), images, 255 - images)
+
+
+def solarize_add(images: Tensor, add: Tensor, threshold: int = 128) -> Tensor:
+    """As timm's ``solarize_add`` per image: ``min(255, x + add)`` for values below ``threshold``, others unchanged."""
+    added = (images.int() + _per_image(add).int()).clamp(max=255).to(torch.uint8)  # (N, C, H, W)
+    return torch.where(images < threshold, added, images)
+
+
+def _apply_lut(images: Tensor, lut: Tensor) -> Tensor:
+    """Map each channel of each image through its own table: (N, C, H, W) uint8, (N, C, 256) -> (N, C, H, W) uint8."""
+    n, c, h, w = images.shape
+    flat = images.reshape(n, c, h * w).long()  # (N, C, H * W)
+    return lut.to(torch.uint8).gather(2, flat).view(n, c, h, w)
+
+
+def auto_contrast(images: Tensor, arg: Tensor | None = None) -> Tensor:
+    """``ImageOps.autocontrast`` (no cutoff): per channel, ``int(x * 255 / (hi - lo) - lo * scale)``, clipped."""
+    low = images.amin(dim=(2, 3)).double()  # (N, C)
+    high = images.amax(dim=(2, 3)).double()  # (N, C)
+    stretch = high > low  # (N, C)
+    scale = _true_divide(torch.full_like(low, 255.0), torch.where(stretch, high - low, 1.0))  # (N, C)
+    offset = -low * scale  # (N, C)
+    levels = torch.arange(256, dtype=torch.float64, device=images.device)  # (256,)
+    lut = (levels * scale[..., None] + offset[..., None]).trunc().clamp(0, 255)  # (N, C, 256)
+    return _apply_lut(images, torch.where(stretch[..., None], lut, levels))
+
+
+def _histograms(images: Tensor) -> Tensor:
+    """Per-channel histograms: (N, C, H, W) uint8 -> (N, C, 256) int64."""
+    n, c = images.shape[:2]
+    offsets = torch.arange(n * c, device=images.device).view(n, c, 1) * 256  # (N, C, 1)
+    bins = images.reshape(n, c, -1).long() + offsets  # (N, C, H * W)
+    return torch.bincount(bins.view(-1), minlength=n * c * 256).view(n, c, 256)
+
+
+def equalize(images: Tensor, arg: Tensor | None = None) -> Tensor:
+    """``ImageOps.equalize``: Pillow's integer LUT ``(step // 2 + count below i) // step`` per channel.
+
+    ``step = (pixels - count of the highest level present) // 255``; a channel with step 0 (one level, or almost
+    all pixels at the highest) is unchanged. Pillow's ``point`` clips the table to 255.
+    """
+    histogram = _histograms(images)  # (N, C, 256)
+    high = images.amax(dim=(2, 3)).long()  # (N, C)
+    total = images.shape[2] * images.shape[3]
+    step = (total - histogram.gather(2, high[..., None]).squeeze(2)) // 255  # (N, C)
+    below = histogram.cumsum(2) - histogram  # (N, C, 256): pixels under each level
+    lut = ((step[..., None] // 2 + below) // step.clamp(min=1)[..., None]).clamp(max=255)  # (N, C, 256)
+    levels = torch.arange(256, device=images.device)  # (256,)
+    return _apply_lut(images, torch.where(step[..., None] > 0, lut, levels))
+
+
+def _blend(degenerate: Tensor, images: Tensor, factor: Tensor) -> Tensor:
+    """``Image.blend(degenerate, images, factor)`` per image: float32 ``d + f * (x - d)``, clipped, truncated.
+
+    Args:
+        degenerate: (N, C, H, W) or broadcastable uint8/integer image at factor 0.
+        images: (N, C, H, W) uint8 image at factor 1.
+        factor: (N,) float64; Pillow takes it as a C float.
+    """
+    low = degenerate.float()
+    alpha = _per_image(factor.float())  # (N, 1, 1, 1)
+    value = low + alpha * (images.float() - low)  # (N, C, H, W), Pillow's float32 arithmetic, no fused multiply-add
+    return value.clamp(0, 255).to(torch.uint8)
+
+
+def _luma(images: Tensor) -> Tensor:
+    """Pillow's ``convert("L")``: (N, C, H, W) uint8 -> (N, 1, H, W) int32."""
+    weights = torch.tensor(_LUMA_WEIGHTS, dtype=torch.int32, device=images.device).view(1, 3, 1, 1)
+    return ((images.int() * weights).sum(dim=1, keepdim=True) + _LUMA_ROUND) >> _LUMA_SHIFT
+
+
+def color(images: Tensor, factor: Tensor) -> Tensor:
+    """``ImageEnhance.Color(image).enhance(factor)`` per image: blend with the grey image."""
+    return _blend(_luma(images), images, factor)
+
+
+def contrast(images: Tensor, factor: Tensor) -> Tensor:
+    """``ImageEnhance.Contrast(image).enhance(factor)`` per image: blend with the mean grey, ``int(mean + 0.5)``."""
+    luma = _luma(images)  # (N, 1, H, W)
+    total = luma.sum(dim=(1, 2, 3)).double()  # (N,)
+    mean = _true_divide(total, float(luma[0].numel()))  # (N,), ImageStat's sum / count in float64
+    return _blend(_per_image((mean + 0.5).floor().int()), images, factor)
+
+
+def brightness(images: Tensor, factor: Tensor) -> Tensor:
+    """``ImageEnhance.Brightness(image).enhance(factor)`` per image: blend with black."""
+    return _blend(torch.zeros((), dtype=torch.uint8, device=images.device), images, factor)
+
+
+def _smooth_rows(rows: Tensor, centre: float) -> Tensor:
+    """One row of the 3 x 3 SMOOTH kernel in Pillow's float32 order: (N, C, h, W) -> (N, C, h, W - 2)."""
+    return rows[..., :-2] * _SMOOTH_SIDE + rows[..., 1:-1] * centre + rows[..., 2:] * _SMOOTH_SIDE
+
+
+def smooth(images: Tensor) -> Tensor:
+    """``Image.filter(ImageFilter.SMOOTH)``: (N, C, H, W) uint8 -> (N, C, H, W) uint8, border pixels copied.
+
+    Pillow sums 0.5 + the row below + the row itself + the row above, each left to right, in float32, then clips
+    and truncates.
+    """
+    if images.shape[2] < 3 or images.shape[3] < 3:
+        return images.clone()
+    source = images.float()  # (N, C, H, W)
+    total = _smooth_rows(source[:, :, 2:], _SMOOTH_SIDE) + 0.5  # (N, C, H - 2, W - 2)
+    total = total + _smooth_rows(source[:, :, 1:-1], _SMOOTH_CENTRE)
+    total = total + _smooth_rows(source[:, :, :-2], _SMOOTH_SIDE)
+    out = images.clone()
+    out[:, :, 1:-1, 1:-1] = total.clamp(0, 255).to(torch.uint8)
+    return out
+
+
+def sharpness(images: Tensor, factor: Tensor) -> Tensor:
+    """``ImageEnhance.Sharpness(image).enhance(factor)`` per image: blend with the smoothed image."""
+    return _blend(smooth(images), images, factor)
+
+
+# ---- geometric ops: Pillow's AFFINE transform with per-image matrices -------------------------------------------
+
+
+def rotate_matrix(degrees: Tensor, height: int, width: int) -> Tensor:
+    """The coefficients ``Image.rotate(degrees)`` hands to ``Image.transform``: (N,) -> (N, 6) float64.
+
+    As Pillow: angle modulo 360, ``-radians``, cos and sin rounded to 15 decimals, about the centre ``(W/2, H/2)``.
+    """
+    angle = -(degrees.remainder(360.0) * (math.pi / 180.0))  # (N,), math.radians' constant
+    cos, sin = angle.cos().round(decimals=15), angle.sin().round(decimals=15)  # (N,)
+    centre_x, centre_y = width / 2, height / 2
+    c = cos * -centre_x + sin * -centre_y + 0.0 + centre_x  # Pillow's order of operations
+    f = -sin * -centre_x + cos * -centre_y + 0.0 + centre_y
+    return torch.stack([cos, sin, c, -sin, cos, f], dim=1)
+
+
+def _matrix(n: int, like: Tensor, **coefficients: Tensor | float) -> Tensor:
+    """An (N, 6) float64 identity matrix with some of a0..a5 replaced."""
+    matrix = torch.tensor([1.0, 0, 0, 0, 1.0, 0], dtype=torch.float64, device=like.device).repeat(n, 1)  # (N, 6)
+    for name, value in coefficients.items():
+        matrix[:, int(name[1])] = value
+    return matrix
+
+
+def shear_x_matrix(factor: Tensor, height: int, width: int) -> Tensor:
+    """As timm's ``shear_x``: ``(1, factor, 0, 0, 1, 0)``, (N,) -> (N, 6)."""
+    return _matrix(len(factor), factor, a1=factor)
+
+
+def shear_y_matrix(factor: Tensor, height: int, width: int) -> Tensor:
+    """As timm's ``shear_y``: ``(1, 0, 0, factor, 1, 0)``, (N,) -> (N, 6)."""
+    return _matrix(len(factor), factor, a3=factor)
+
+
+def translate_x_matrix(pixels: Tensor, height: int, width: int) -> Tensor:
+    """As timm's ``translate_x_abs``: ``(1, 0, pixels, 0, 1, 0)``, (N,) -> (N, 6)."""
+    return _matrix(len(pixels), pixels, a2=pixels)
+
+
+def translate_y_matrix(pixels: Tensor, height: int, width: int) -> Tensor:
+    """As timm's ``translate_y_abs``: ``(1, 0, 0, 0, 1, pixels)``, (N,) -> (N, 6)."""
+    return _matrix(len(pixels), pixels, a5=pixels)
+
+
+def translate_x_rel_matrix(fraction: Tensor, height: int, width: int) -> Tensor:
+    """As timm's ``translate_x_rel``: ``pixels = fraction * W``, (N,) -> (N, 6)."""
+    return translate_x_matrix(fraction * width, height, width)
+
+
+def translate_y_rel_matrix(fraction: Tensor, height: int, width: int) -> Tensor:
+    """As timm's ``translate_y_rel``: ``pixels = fraction * H``, (N,) -> (N, 6)."""
+    return translate_y_matrix(fraction * height, height, width)
+
+
+def _source_points(matrix: Tensor, height: int, width: int) -> tuple[Tensor, Tensor]:
+    """Pillow's ``affine_transform``: the source point of each output pixel centre, two (N, H, W) float64."""
+    xs = torch.arange(width, dtype=torch.float64, device=matrix.device) + 0.5  # (W,)
+    ys = (torch.arange(height, dtype=torch.float64, device=matrix.device) + 0.5)[:, None]  # (H, 1)
+    a = matrix[:, :, None, None]  # (N, 6, 1, 1)
+    x_in = a[:, 0] * xs + a[:, 1] * ys + a[:, 2]  # (N, H, W)
+    y_in = a[:, 3] * xs + a[:, 4] * ys + a[:, 5]  # (N, H, W)
+    return x_in, y_in
+
+
+def _gather(flat: Tensor, rows: Tensor, columns: Tensor, width: int) -> Tensor:
+    """Pixels at (rows, columns), indices already clamped: (N, C, H * W) uint8, (N, H, W) -> (N, C, H, W) uint8."""
+    n, c = flat.shape[:2]
+    index = (rows * width + columns).view(n, 1, -1).expand(n, c, -1)  # (N, C, H * W)
+    return flat.gather(2, index).view(n, c, *rows.shape[1:])
+
+
+def _fixed(value: Tensor) -> Tensor:
+    """Pillow's ``FIX``: 16.16 fixed point, ``floor(v * 65536 + 0.5)``, as int64."""
+    return (value * 65536.0 + 0.5).floor().long()
+
+
+def _nearest_points(matrix: Tensor, height: int, width: int) -> tuple[Tensor, Tensor]:
+    """The source pixel (column, row) of each output pixel as Pillow's nearest affine picks it: two (N, H, W) int64.
+
+    Pillow skips its generic path for nearest: a matrix without rotation or shear (a1 = a3 = 0) runs
+    ``ImagingScaleAffine`` (``COORD`` of ``a2 + a0 / 2 + x a0`` in float64; Pillow adds a0 per pixel, equal but
+    within an ulp of an integer), any other ``affine_fixed`` in 16.16 fixed point (exact in integers here; Pillow
+    takes it for coordinates under 32768 px).
+    """
+    a0, a1, a2, a3, a4, a5 = (matrix[:, k, None, None] for k in range(6))  # (N, 1, 1) each
+    x = torch.arange(width, device=matrix.device)  # (W,)
+    y = torch.arange(height, device=matrix.device)[:, None]  # (H, 1)
+    column_scaled = (a2 + a0 * 0.5 + x * a0).floor().long()  # (N, 1, W); negative is outside like COORD's -1
+    row_scaled = (a5 + a4 * 0.5 + y * a4).floor().long()  # (N, H, 1)
+    column_fixed = (_fixed(a2 + a0 * 0.5 + a1 * 0.5) + x * _fixed(a0) + y * _fixed(a1)) >> 16  # (N, H, W)
+    row_fixed = (_fixed(a5 + a3 * 0.5 + a4 * 0.5) + x * _fixed(a3) + y * _fixed(a4)) >> 16  # (N, H, W)
+    scaling = (a1 == 0) & (a3 == 0)  # (N, 1, 1)
+    return torch.where(scaling, column_scaled, column_fixed), torch.where(scaling, row_scaled, row_fixed)
+
+
+def _cubic(v1: Tensor, v2: Tensor, v3: Tensor, v4: Tensor, d: Tensor) -> Tensor:
+    """Pillow's ``BICUBIC`` macro (a = -1) at fraction ``d`` between v2 and v3, rounded as Pillow's doubles.
+
+    ``p2 = -v1 + v3``, ``p3 = 2 (v1 - v2) + v3 - v4``, ``p4 = -v1 + v2 - v3 + v4``, ``v2 + d (p2 + d (p3 + d p4))``,
+    each step one IEEE operation as in C (``b - a`` equals ``-a + b``); in place to spare memory passes.
+    """
+    p4 = (v2 - v1).sub_(v3).add_(v4)
+    p3 = (v1 - v2).mul_(2).add_(v3).sub_(v4)
+    p2 = v3 - v1
+    return p4.mul_(d).add_(p3).mul_(d).add_(p2).mul_(d).add_(v2)
+
+
+def _linear(v1: Tensor, v2: Tensor, d: Tensor) -> Tensor:
+    """Pillow's ``BILINEAR`` macro: ``v1 + (v2 - v1) * d``."""
+    return (v2 - v1).mul_(d).add_(v1)
+
+
+def _filter(samples: list[Tensor], d: Tensor, mode: str) -> Tensor:
+    """Pillow's 1-D filter through ``samples`` at fraction ``d``; one sample (a fraction of 0 everywhere) is exact."""
+    if len(samples) == 1:
+        return samples[0]
+    return _linear(*samples, d) if mode == "bilinear" else _cubic(*samples, d)
+
+
+def _taps(start: Tensor, count: int, size: int) -> list[Tensor]:
+    """``count`` neighbouring indices from ``start``, clamped to the image (Pillow repeats edge pixels)."""
+    return [(start + k).clamp(0, size - 1) for k in range(count)]
+
+
+def _interpolate(flat: Tensor, x_in: Tensor, y_in: Tensor, mode: str, height: int, width: int) -> Tensor:
+    """Pillow's bilinear or bicubic filter at (N, H, W) source points -> (N, C, H, W) uint8, in float64.
+
+    Where a fraction is 0 for every point (rows for shears and translations along x, columns along y), Pillow's
+    filter returns the sample at the floor exactly, so only that row (column) of taps is read.
+    """
+    x, y = x_in - 0.5, y_in - 0.5  # (N, H, W)
+    x_floor, y_floor = x.floor(), y.floor()
+    dx, dy = (x - x_floor)[:, None], (y - y_floor)[:, None]  # (N, 1, H, W)
+    taps, first = (2, 0) if mode == "bilinear" else (4, -1)
+    columns = _taps(x_floor.long() + first, taps, width) if dx.any() else [x_floor.long().clamp(0, width - 1)]
+    rows = _taps(y_floor.long() + first, taps, height) if dy.any() else [y_floor.long().clamp(0, height - 1)]
+    across = [_filter([_gather(flat, row, column, width).double() for column in columns], dx, mode) for row in rows]
+    value = _filter(across, dy, mode)  # (N, C, H, W) float64
+    return value.clamp_(0, 255).to(torch.uint8)  # bilinear stays in [0, 255]; both truncate
+
+
+def affine(images: Tensor, matrix: Tensor, fill: Tensor, mode: str) -> Tensor:
+    """``Image.transform(size, Image.AFFINE, matrix, resample=mode, fillcolor=fill)`` per image.
+
+    Args:
+        images: (N, C, H, W) uint8.
+        matrix: (N, 6) float64 Pillow coefficients: output pixel centre -> source point.
+        fill: (C,) uint8 colour of output pixels whose source point lies outside the image.
+        mode: ``"nearest"``, ``"bilinear"`` or ``"bicubic"``.
+
+    Returns:
+        (N, C, H, W) uint8.
+    """
+    n, c, height, width = images.shape
+    flat = images.reshape(n, c, -1)  # (N, C, H * W)
+    if mode == "nearest":
+        columns, rows = _nearest_points(matrix, height, width)  # (N, H, W)
+        inside = (columns >= 0) & (columns < width) & (rows >= 0) & (rows < height)  # (N, H, W)
+        sampled = _gather(flat, rows.clamp(0, height - 1), columns.clamp(0, width - 1), width)  # (N, C, H, W)
+    else:
+        x_in, y_in = _source_points(matrix, height, width)  # (N, H, W)
+        inside = (x_in >= 0) & (x_in < width) & (y_in >= 0) & (y_in < height)  # (N, H, W)
+        sampled = _interpolate(flat, x_in, y_in, mode, height, width)  # (N, C, H, W)
+    return torch.where(inside[:, None], sampled, fill.view(1, c, 1, 1))
+
+
+# ---- the policy ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _OpKind:
+    """How to run one of timm's op names: its level function, whether it negates, and its pixels or its matrix."""
+
+    level: Level
+    negates: bool = False
+    pixels: PixelOp | None = None
+    matrix: MatrixOp | None = None
+
+
+_ENHANCE = {"Color": color, "Contrast": contrast, "Brightness": brightness, "Sharpness": sharpness}
+OP_KINDS: dict[str, _OpKind] = {
+    "AutoContrast": _OpKind(_no_level, pixels=auto_contrast),
+    "Equalize": _OpKind(_no_level, pixels=equalize),
+    "Invert": _OpKind(_no_level, pixels=invert),
+    "Posterize": _OpKind(_posterize_level, pixels=posterize),
+    "PosterizeIncreasing": _OpKind(_posterize_increasing_level, pixels=posterize),
+    "PosterizeOriginal": _OpKind(_posterize_original_level, pixels=posterize),
+    "Solarize": _OpKind(_solarize_level, pixels=solarize),
+    "SolarizeIncreasing": _OpKind(_solarize_increasing_level, pixels=solarize),
+    "SolarizeAdd": _OpKind(_solarize_add_level, pixels=solarize_add),
+    **{name: _OpKind(_enhance_level, pixels=op) for name, op in _ENHANCE.items()},
+    **{f"{name}Increasing": _OpKind(_enhance_increasing_level, True, op) for name, op in _ENHANCE.items()},
+    "Rotate": _OpKind(_rotate_level, True, matrix=rotate_matrix),
+    "ShearX": _OpKind(_shear_level, True, matrix=shear_x_matrix),
+    "ShearY": _OpKind(_shear_level, True, matrix=shear_y_matrix),
+    "TranslateX": _OpKind(_translate_abs_level, True, matrix=translate_x_matrix),
+    "TranslateY": _OpKind(_translate_abs_level, True, matrix=translate_y_matrix),
+    "TranslateXRel": _OpKind(_translate_rel_level, True, matrix=translate_x_rel_matrix),
+    "TranslateYRel": _OpKind(_translate_rel_level, True, matrix=translate_y_rel_matrix),
+}
+
+
+@dataclass(frozen=True)
+class RandAugmentDraws:
+    """One batch's random choices, all (B, L): what timm draws per image and layer.
+
+    Attributes:
+        op: int64 index into :attr:`BatchRandAugment.names`.
+        applied: bool, whether the op runs (timm's ``random() <= prob``).
+        magnitude: float64, after the mstd noise and the clip to ``[0, mmax or 10]``.
+        negate: bool, the sign coin (used by the ops whose level function negates).
+        argument: float64, the op's argument (timm's ``level_fn`` output: degrees, factor, bits, ...).
+        resample: int64 index into :attr:`BatchRandAugment.resamples` (used by geometric ops).
+    """
+
+    op: Tensor
+    applied: Tensor
+    magnitude: Tensor
+    negate: Tensor
+    argument: Tensor
+    resample: Tensor
+
+    def to(self, device: torch.device) -> RandAugmentDraws:
+        """The same draws on ``device``."""
+        return RandAugmentDraws(**{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)})
+
+
+class BatchRandAugment:
+    """timm's RandAugment for a uint8 batch on any device, each image with its own ops and parameters.
+
+    Args:
+        config_str: timm's RandAugment config, e.g. DeiT's ``"rand-m9-mstd0.5-inc1"``.
+        hparams: timm's hparams (``img_mean``, ``translate_const``, ``translate_pct``, ``interpolation``); default
+            :func:`timm_train_hparams` (what timm's ``create_transform`` passes for DeiT at 224 px: fill
+            (124, 116, 104), bicubic).
+
+    Raises:
+        ValueError: An op of the config that has no batched implementation (Desaturate, GaussianBlur*).
+    """
+
+    def __init__(self, config_str: str, hparams: dict | None = None) -> None:
+        hparams = dict(timm_train_hparams() if hparams is None else hparams)
+        policy = timm_aa.rand_augment_transform(config_str, dict(hparams))
+        unsupported = sorted({op.name for op in policy.ops} - OP_KINDS.keys())
+        if unsupported:
+            raise ValueError(f"BatchRandAugment has no batched {unsupported} (config {config_str!r}).")
+        self.names = tuple(op.name for op in policy.ops)
+        self.num_layers = policy.num_layers
+        self.choice_weights = None if policy.choice_weights is None else torch.as_tensor(policy.choice_weights)
+        self.hparams = policy.ops[0].hparams
+        self._prob = torch.tensor([op.prob for op in policy.ops], dtype=torch.float64)  # (K,)
+        self._magnitude = torch.tensor([float(op.magnitude) for op in policy.ops], dtype=torch.float64)  # (K,)
+        self._std = torch.tensor([float(op.magnitude_std) for op in policy.ops], dtype=torch.float64)  # (K,)
+        upper = [op.magnitude_max or timm_aa._LEVEL_DENOM for op in policy.ops]  # timm's `magnitude_max or 10`
+        self._upper = torch.tensor(upper, dtype=torch.float64)  # (K,)
+        kwargs = policy.ops[0].kwargs
+        self.fill = torch.tensor(kwargs["fillcolor"], dtype=torch.uint8)  # (C,)
+        resample = kwargs["resample"]
+        resample = resample if isinstance(resample, (list, tuple)) else (resample,)
+        self.resamples = tuple(_pil_interpolation_to_str[r] for r in resample)
+        if not set(self.resamples) <= {"nearest", "bilinear", "bicubic"}:
+            raise ValueError(f"BatchRandAugment resamples with nearest, bilinear or bicubic, not {self.resamples}.")
+
+    def __repr__(self) -> str:
+        """The policy in timm's terms."""
+        return (
+            f"{type(self).__name__}(n={self.num_layers}, ops={list(self.names)}, p={self._prob[0].item()}, "
+            f"m={self._magnitude[0].item()}, mstd={self._std[0].item()}, fill={self.fill.tolist()}, "
+            f"resample={self.resamples})"
+        )
+
+    def sample(
+        self, batch: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
+    ) -> RandAugmentDraws:
+        """Draw every image's ops and parameters, as timm's RandAugment does per image.
+
+        Args:
+            batch: Number of images B.
+            generator: Source of the random numbers; its device is where they are drawn.
+            device: Where to draw without a generator (default CPU).
+
+        Returns:
+            The (B, L) draws, on the generator's device (or ``device``).
+        """
+        device = generator.device if generator is not None else torch.device(device or "cpu")
+        shape = (batch, self.num_layers)
+
+        def uniform() -> Tensor:
+            return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+
+        op = self._choose_ops(batch, generator, device)  # (B, L)
+        applied = uniform() <= self._prob.to(device)[op]
+        magnitude = self._magnitudes(op, generator, device)
+        negate = uniform() > 0.5
+        resample = torch.randint(len(self.resamples), shape, generator=generator, device=device)
+        argument = self._arguments(op, magnitude, negate)
+        return RandAugmentDraws(op, applied, magnitude, negate, argument, resample)
+
+    def _choose_ops(self, batch: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
+        """(B, L) op indices: uniform with replacement, or by weight without (numpy's ``choice`` as timm calls it)."""
+        if self.choice_weights is None:
+            return torch.randint(len(self.names), (batch, self.num_layers), generator=generator, device=device)
+        weights = self.choice_weights.to(device).expand(batch, -1)  # (B, K)
+        return torch.multinomial(weights, self.num_layers, replacement=False, generator=generator)
+
+    def _magnitudes(self, op: Tensor, generator: torch.Generator | None, device: torch.device) -> Tensor:
+        """(B, L) magnitudes: ``N(m, mstd)`` (or ``U(0, m)`` for infinite mstd, m for 0) clipped to [0, upper]."""
+        mean, std, upper = (values.to(device)[op] for values in (self._magnitude, self._std, self._upper))
+        gauss = mean + std * torch.randn(op.shape, generator=generator, device=device, dtype=torch.float64)
+        uniform = mean * torch.rand(op.shape, generator=generator, device=device, dtype=torch.float64)
+        magnitude = torch.where(std.isinf(), uniform, torch.where(std > 0, gauss, mean))
+        return torch.minimum(magnitude, upper).clamp(min=0.0)
+
+    def _arguments(self, op: Tensor, magnitude: Tensor, negate: Tensor) -> Tensor:
+        """(B, L) op arguments through each op's level function."""
+        argument = torch.zeros_like(magnitude)
+        for index, name in enumerate(self.names):
+            argument = torch.where(op == index, OP_KINDS[name].level(magnitude, negate, self.hparams), argument)
+        return argument
+
+    def apply(self, images: Tensor, draws: RandAugmentDraws) -> Tensor:
+        """Run ``draws`` on ``images``: (B, C, H, W) uint8 -> a new (B, C, H, W) uint8 tensor."""
+        _check_images(images)
+        draws = draws.to(images.device)
+        fill = self.fill.to(images.device)
+        out = images.clone()
+        for layer in range(self.num_layers):
+            for index, name in enumerate(self.names):
+                rows = ((draws.op[:, layer] == index) & draws.applied[:, layer]).nonzero().squeeze(1)  # (N,)
+                if len(rows):
+                    argument, resample = draws.argument[rows, layer], draws.resample[rows, layer]  # (N,)
+                    out[rows] = self._run(OP_KINDS[name], out[rows], argument, resample, fill)
+        return out
+
+    def _run(self, kind: _OpKind, images: Tensor, argument: Tensor, resample: Tensor, fill: Tensor) -> Tensor:
+        """One op kind on the N images that drew it: (N, C, H, W) uint8 -> (N, C, H, W) uint8."""
+        if kind.pixels is not None:
+            return kind.pixels(images, argument)
+        matrix = kind.matrix(argument, images.shape[2], images.shape[3])  # (N, 6)
+        if len(self.resamples) == 1:
+            return affine(images, matrix, fill, self.resamples[0])
+        out = torch.empty_like(images)
+        for code, mode in enumerate(self.resamples):
+            rows = (resample == code).nonzero().squeeze(1)  # (n,)
+            out[rows] = affine(images[rows], matrix[rows], fill, mode)
+        return out
+
+    def __call__(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """RandAugment each image of a (B, C, H, W) uint8 batch independently -> (B, C, H, W) uint8.
+
+        Draws on the generator's device (without one: on the images' device, from torch's default generator).
+        """
+        _check_images(images)
+        device = None if generator is not None else images.device
+        return self.apply(images, self.sample(len(images), generator, device))
+
+
+def _check_images(images: Tensor) -> None:
+    """TypeError / ValueError unless ``images`` is a (B, 3, H, W) uint8 batch."""
+    if images.dtype != torch.uint8:
+        raise TypeError(f"BatchRandAugment expects uint8 images, got {images.dtype}.")
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"BatchRandAugment expects (B, 3, H, W) RGB images, got {tuple(images.shape)}.")

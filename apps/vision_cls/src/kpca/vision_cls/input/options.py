@@ -1,0 +1,143 @@
+"""The two options that choose the training input path, the one check of their combinations, and the removed names.
+
+* ``data.input``: which code turns files into training images. ``turbo`` (the default): DataLoader workers decode
+  with libjpeg-turbo (``simplejpeg``) and crop, resize and flip with torch (:mod:`kpca.vision_cls.input.turbo`).
+  ``timm``: DataLoader workers run timm's own PIL transform, bit-identical to timm: the reference the other paths
+  are measured against (:mod:`kpca.vision_cls.input.train_transform`). ``dali``: NVIDIA DALI reads, decodes and
+  augments (:mod:`kpca.vision_cls.input.dali_loader`).
+* ``data.augment_on``: where the training transform finishes. ``device`` (the default): the loader hands over uint8
+  images, converted to float and randomly erased batched on the device after transfer
+  (:mod:`kpca.vision_cls.input.device_augment`). ``workers``: the DataLoader workers do both per image
+  (:mod:`kpca.vision_cls.input.random_erasing`). ``device_randaugment``: the workers stop after crop and flip, and
+  timm's RandAugment also runs batched on the device, before the float conversion and erasing
+  (:mod:`kpca.vision_cls.input.batch_rand_augment`: timm's policy and Pillow's pixels, other random draws).
+
+:func:`check_input_options` refuses every combination the paths cannot run. :func:`replaced_option_hint` names the
+spelling that replaced ``data.backend``, ``data.worker_transform`` and ``data.device_augment``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from kpca.vision_cls.input.dali_rand_augment import parse_rand_augment
+
+InputPath = Literal["turbo", "timm", "dali"]
+AugmentOn = Literal["device", "workers", "device_randaugment"]
+
+INPUT_PATHS: dict[str, str] = {
+    "turbo": "DataLoader workers, libjpeg-turbo decode and torch crop/resize",
+    "timm": "DataLoader workers, timm's PIL transform exactly",
+    "dali": "NVIDIA DALI",
+}
+AUGMENT_ON: dict[str, str] = {
+    "device": "float conversion and random erasing batched on the device",
+    "workers": "float conversion and random erasing per image in the DataLoader workers",
+    "device_randaugment": "RandAugment, float conversion and random erasing batched on the device",
+}
+UINT8_LOADER: tuple[str, ...] = ("device", "device_randaugment")
+"""The ``augment_on`` values whose training loader hands over uint8 images, finished on the device."""
+WORKER_PATHS = "data.input=turbo (the default) or data.input=timm"
+
+REPLACED_OPTIONS: dict[str, str] = {
+    "backend": (
+        "data.backend was replaced by data.input: write data.input: dali for NVIDIA DALI, and data.input: turbo "
+        "(the default) or data.input: timm (timm's PIL transform) for the DataLoader workers of backend: pil."
+    ),
+    "worker_transform": (
+        "data.worker_transform was replaced by data.input: write data.input: turbo (the default) or data.input: timm."
+    ),
+    "device_augment": (
+        "data.device_augment was replaced by data.augment_on: write data.augment_on: device (device_augment: true, "
+        "the default) or data.augment_on: workers (device_augment: false)."
+    ),
+}
+"""The removed ``data`` options, each with the error text that gives its new spelling."""
+
+_REPLACED = "|".join(REPLACED_OPTIONS)
+_REPLACED_KEY = re.compile(rf"\bdata\.({_REPLACED})\b|'data' does not accept option '({_REPLACED})'")
+
+
+def check_input_options(
+    input: str,
+    augment_on: str,
+    *,
+    builtin: str | None,
+    auto_augment: str | None,
+    color_jitter: float,
+    bad_files: str,
+) -> None:
+    """Refuse a training input path that cannot run with the other data options.
+
+    Each refusal is a ValueError naming the value and the fix. DALI being importable is checked separately
+    (:func:`kpca.vision_cls.input.dali_loader.require_dali`), after these checks.
+
+    Args:
+        input: ``data.input``: ``"turbo"``, ``"timm"`` or ``"dali"``.
+        augment_on: ``data.augment_on``: ``"device"``, ``"workers"`` or ``"device_randaugment"``.
+        builtin: ``data.builtin``; the DALI path reads an ImageFolder ``root`` only.
+        auto_augment: ``data.auto_augment``; DALI mirrors timm's ``rand-...`` policies only.
+        color_jitter: ``data.color_jitter``; as in timm it only acts without ``auto_augment``, and DALI has no
+            mirror of timm's ColorJitter.
+        bad_files: ``data.bad_files``; DALI cannot skip a damaged file.
+    """
+    if input not in INPUT_PATHS:
+        choices = "; ".join(f"{name!r} ({what})" for name, what in INPUT_PATHS.items())
+        raise ValueError(f"data.input={input!r} is not an input path; choose one of {choices}.")
+    if augment_on not in AUGMENT_ON:
+        choices = "; ".join(f"{name!r} ({what})" for name, what in AUGMENT_ON.items())
+        raise ValueError(f"data.augment_on={augment_on!r} is not a place to finish the transform; choose {choices}.")
+    if augment_on == "device_randaugment":
+        check_device_randaugment(input, auto_augment)
+    if input != "dali":
+        return
+    if builtin is not None:
+        raise ValueError(
+            f"data.input=dali reads an ImageFolder root (root/train/<class>/*.JPEG), not builtin={builtin!r}; set "
+            f"data.root, or use {WORKER_PATHS} for the built-in digits."
+        )
+    if auto_augment:
+        parse_rand_augment(auto_augment)
+    elif color_jitter:
+        raise ValueError(
+            f"data.color_jitter={color_jitter} with auto_augment=None: the DALI path has no mirror of timm's "
+            f"ColorJitter; set data.color_jitter=0 or use {WORKER_PATHS}."
+        )
+    if augment_on != "device":
+        raise ValueError(
+            f"data.augment_on={augment_on} keeps float conversion and random erasing in the DataLoader workers, "
+            f"which the DALI path does not have (it always finishes on the device); set data.augment_on=device or "
+            f"use {WORKER_PATHS}."
+        )
+    if bad_files == "skip":
+        raise ValueError(
+            "data.bad_files=skip needs DataLoader workers: DALI decodes inside its own pipeline, where a damaged file "
+            f"cannot be replaced; run `vision-cls check-data` first and keep bad_files=error, or use {WORKER_PATHS}."
+        )
+
+
+def check_device_randaugment(input: str, auto_augment: str | None) -> None:
+    """Refuse ``augment_on=device_randaugment`` where there is no worker RandAugment to move to the device."""
+    if input == "dali":
+        raise ValueError(
+            "data.augment_on=device_randaugment moves RandAugment out of the DataLoader workers, and data.input=dali "
+            "has none: DALI runs RandAugment in its own pipeline, on the GPU. Set data.augment_on=device, or use "
+            f"{WORKER_PATHS}."
+        )
+    if not auto_augment or not auto_augment.startswith("rand"):
+        raise ValueError(
+            f"data.augment_on=device_randaugment runs timm's RandAugment (a 'rand-...' policy such as DeiT's "
+            f"'rand-m9-mstd0.5-inc1') on the device, but data.auto_augment={auto_augment!r}; set such a policy, or "
+            "data.augment_on=device."
+        )
+
+
+def replaced_option_hint(message: str) -> str | None:
+    """The new spelling of the first removed ``data`` option that a parser error ``message`` names, else None.
+
+    Matches jsonargparse's refusals of an unknown key on the command line (``unrecognized arguments:
+    --data.backend dali``) and in a config file (``Group 'data' does not accept option 'backend'``).
+    """
+    match = _REPLACED_KEY.search(message)
+    return REPLACED_OPTIONS[match.group(1) or match.group(2)] if match else None

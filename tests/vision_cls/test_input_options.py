@@ -1,0 +1,129 @@
+"""The training input path's options: data.input and data.augment_on, their one check, and the names they replaced."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from kpca.vision_cls import data as data_module
+from kpca.vision_cls.cli import main
+from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.input.dali_loader import DaliTrainLoader
+from kpca.vision_cls.input.options import REPLACED_OPTIONS, check_input_options, replaced_option_hint
+from tests.cli_support import CONFIGS, CPU, run_cli
+
+DEIT = "rand-m9-mstd0.5-inc1"
+OK = None
+
+# (data.input, data.augment_on, other data options) -> None (accepted) or a regex of the ValueError.
+COMBINATIONS = [
+    ("turbo", "device", {}, OK),
+    ("turbo", "workers", {}, OK),
+    ("timm", "device", {}, OK),
+    ("timm", "workers", {}, OK),
+    ("turbo", "device", {"builtin": "digits", "auto_augment": None, "bad_files": "skip"}, OK),
+    ("timm", "workers", {"auto_augment": "original", "color_jitter": 0.4}, OK),
+    ("dali", "device", {}, OK),
+    ("dali", "device", {"auto_augment": None, "color_jitter": 0.0}, OK),
+    ("dali", "device", {"auto_augment": "rand-m7-n3-mstd1-inc1"}, OK),
+    ("pil", "device", {}, r"data.input='pil' is not an input path; choose one of 'turbo'.*'timm'.*'dali'"),
+    ("turbo", "cpu", {}, r"data.augment_on='cpu' is not a place to finish the transform; choose 'device'.*'workers'"),
+    ("dali", "workers", {}, r"data.augment_on=workers .* set data.augment_on=device or use data.input=turbo"),
+    ("dali", "device", {"builtin": "digits"}, r"not builtin='digits'; set data.root, or use data.input=turbo"),
+    ("dali", "device", {"auto_augment": "original"}, r"auto_augment='original'.*use data.input=turbo"),
+    ("dali", "device", {"auto_augment": "rand-m9-tweights"}, r"section 'tweights' has no DALI mirror"),
+    ("dali", "device", {"auto_augment": None, "color_jitter": 0.4}, r"data.color_jitter=0.4 .* data.color_jitter=0"),
+    ("dali", "device", {"bad_files": "skip"}, r"data.bad_files=skip needs DataLoader workers.*bad_files=error"),
+    ("turbo", "device_randaugment", {}, OK),
+    ("timm", "device_randaugment", {"auto_augment": "rand-m9-mstd0.5"}, OK),
+    ("dali", "device_randaugment", {}, r"data.input=dali\s+has none: DALI runs RandAugment in its own pipeline"),
+    ("turbo", "device_randaugment", {"auto_augment": None}, r"data.auto_augment=None; set such a policy"),
+    ("timm", "device_randaugment", {"auto_augment": "original"}, r"data.auto_augment='original'.*augment_on=device"),
+]
+
+
+@pytest.mark.parametrize(("path", "augment_on", "options", "error"), COMBINATIONS)
+def test_input_option_combinations(path: str, augment_on: str, options: dict, error: str | None):
+    options = {"builtin": None, "auto_augment": DEIT, "color_jitter": 0.3, "bad_files": "error", **options}
+    if error is None:
+        check_input_options(path, augment_on, **options)
+    else:
+        with pytest.raises(ValueError, match=error):
+            check_input_options(path, augment_on, **options)
+
+
+def test_the_datamodule_runs_the_check():
+    with pytest.raises(ValueError, match="data.input='pil' is not an input path"):
+        ImageNetDataModule(builtin="digits", input="pil")
+    with pytest.raises(ValueError, match="not builtin='digits'"):
+        ImageNetDataModule(builtin="digits", input="dali")
+
+
+def test_parser_messages_get_the_new_spelling():
+    assert "data.input: dali" in replaced_option_hint("unrecognized arguments: --data.backend dali")
+    assert "data.input: timm" in replaced_option_hint("unrecognized arguments: --data.worker_transform=timm")
+    message = "Group 'data' does not accept option 'device_augment'"
+    assert "data.augment_on: workers (device_augment: false)" in replaced_option_hint(message)
+    assert replaced_option_hint("Group 'model' does not accept option 'backend'") is None
+    assert replaced_option_hint("unrecognized arguments: --data.backends x") is None
+
+
+def test_the_console_script_refuses_data_backend_with_the_new_spelling(tmp_path: Path):
+    smoke = CONFIGS / "vision_cls" / "smoke.yaml"
+    script = Path(sys.executable).parent / "vision-cls"
+    command = [str(script), "fit", "-c", str(CPU), "-c", str(smoke), "--data.backend", "dali", "--print_config"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0 and "--print_config" not in done.stdout
+    assert "unrecognized arguments: --data.backend dali" in done.stderr
+    assert REPLACED_OPTIONS["backend"] in done.stderr and "data.input: dali" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("yaml_line", "option"),
+    [
+        ("backend: pil", "backend"),
+        ("worker_transform: timm", "worker_transform"),
+        ("device_augment: false", "device_augment"),
+    ],
+)
+def test_old_keys_in_a_config_file_are_refused_with_the_new_spelling(
+    tmp_path: Path, capsys: pytest.CaptureFixture, yaml_line: str, option: str
+):
+    config = tmp_path / "old.yaml"
+    config.write_text(f"data:\n  {yaml_line}\n")
+    smoke = CONFIGS / "vision_cls" / "smoke.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, "vision-cls", "fit", "-c", CPU, "-c", smoke, "-c", config, "--print_config")
+    error = capsys.readouterr().err
+    assert exit_info.value.code != 0
+    assert f"Group 'data' does not accept option '{option}'" in error and REPLACED_OPTIONS[option] in error
+
+
+def test_dali_builds_no_pil_training_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With data.input=dali, ``setup("fit")`` lists the training files for DALI and builds no ImageFolder over them,
+    and no worker transform; the validation set is built as on every path (evaluation never takes the DALI path)."""
+    for split in ("train", "val"):
+        for wnid in ("n01440764", "n01443537"):
+            (tmp_path / split / wnid).mkdir(parents=True)
+            Image.new("RGB", (40, 30)).save(tmp_path / split / wnid / "image.JPEG")
+    folders = []
+
+    class RecordingImageFolder(data_module.ImageFolder):
+        def __init__(self, root: str, *args, **kwargs) -> None:
+            folders.append(Path(root).name)
+            super().__init__(root, *args, **kwargs)
+
+    def no_worker_transform(self: ImageNetDataModule) -> None:
+        raise AssertionError("the DALI path built a DataLoader worker transform")
+
+    monkeypatch.setattr(data_module, "require_dali", lambda: None)  # DALI itself is not needed to plan the epoch
+    monkeypatch.setattr(data_module, "ImageFolder", RecordingImageFolder)
+    monkeypatch.setattr(ImageNetDataModule, "train_transform", no_worker_transform)
+    data = ImageNetDataModule(root=str(tmp_path), input="dali", batch_size=2, repeated_aug=1, num_workers=0)
+    data.setup("fit")
+    assert data.train_set is None and "train" not in folders and len(data.val_set) == 2
+    assert [Path(path).parent.name for path, _ in data.train_samples] == ["n01440764", "n01443537"]
+    loader = data.train_dataloader()
+    assert isinstance(loader, DaliTrainLoader) and loader.samples == data.train_samples and len(loader) == 1
