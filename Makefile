@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install demo demo-lm demo-seg smoke smoke-lm smoke-seg test test-fast test-slow test-compat test-gpu bench lint tensorboard docker clean
+.PHONY: install demo demo-lm demo-seg smoke smoke-lm smoke-seg test test-fast test-slow test-compat test-gpu bench lint tensorboard docker local-slurm clean
 
 $(STAMP): requirements/constraints.txt requirements/dev.txt $(wildcard packages/*/pyproject.toml apps/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -100,6 +100,14 @@ lint: $(STAMP)
 
 tensorboard: $(STAMP)  ## serve the runs
 	$(VENV)/bin/tensorboard --logdir runs
+
+# A one-node Slurm on localhost (docker/local_slurm.sh; docs/cluster.md, "A local Slurm"): installs Debian's
+# slurm-wlm and munge if missing, then starts it. Stop it with `sudo docker/local_slurm.sh stop`.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+local-slurm:  ## a one-node Slurm on this machine (root, Debian's slurm-wlm and munge) to try a plan with --executor slurm
+	command -v slurmctld >/dev/null || test -x /usr/sbin/slurmctld || { $(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y --no-install-recommends slurm-wlm munge; }
+	$(SUDO) docker/local_slurm.sh start
 
 docker:  ## build the CUDA image (docker/Dockerfile) as kpca; the build fails if Triton cannot compile its launcher
 	docker build -f docker/Dockerfile -t kpca .

@@ -173,8 +173,9 @@ def test_one_array_per_step_with_its_resources_and_dependencies(slurm: Slurm, tm
     ]  # fmt: skip
     calls = slurm.submissions()
     assert [call["argv"][:-1] for call in calls] == [
-        ["--parsable"], ["--parsable", "--dependency=aftercorr:1000"], ["--parsable", "--dependency=aftercorr:1000"],
-        ["--parsable", "--dependency=afterany:1000:1001:1002"],
+        ["--parsable"], ["--parsable", "--dependency=aftercorr:1000", "--kill-on-invalid-dep=yes"],
+        ["--parsable", "--dependency=aftercorr:1000", "--kill-on-invalid-dep=yes"],
+        ["--parsable", "--dependency=afterany:1000:1001:1002", "--kill-on-invalid-dep=yes"],
     ]  # fmt: skip
     assert [Path(call["argv"][-1]) for call in calls] == [job.script for job in jobs]
     assert all(job.script.parent == plan.out / ".slurm" for job in jobs)
@@ -329,10 +330,11 @@ def test_status_shows_what_the_queue_says_of_each_step(slurm: Slurm, tmp_path: P
     assert "| queued | queued (job 1002_1) |" in status_markdown(plan)
 
 
-def test_status_without_squeue_shows_the_markers_and_says_why(slurm: Slurm, tmp_path: Path, caplog):
+def test_status_without_squeue_shows_the_markers_and_says_why(slurm: Slurm, tmp_path: Path, caplog, monkeypatch):
     plan = load_plan(write_plan(tmp_path))
     submit_slurm(plan)
     (slurm.bin / "squeue").unlink()
+    monkeypatch.setenv("PATH", str(slurm.bin))  # nor a real squeue (CI installs slurm-wlm for the local Slurm tests)
 
     with caplog.at_level("WARNING"):
         states = step_states(plan)

@@ -14,6 +14,11 @@
 - the report job (``python -m kpca.training.experiment report PLAN``) waits with ``afterany`` on every step job of
   the plan still in the queue.
 
+Every job with a dependency is submitted with ``--kill-on-invalid-dep=yes``: without it (Slurm's default unless a
+cluster sets ``DependencyParameters=kill_invalid_depend``) the test of a failed fit stays pending for ever
+(``DependencyNeverSatisfied``), and the report, waiting on it with ``afterany``, never runs. With it Slurm cancels
+that test, the report runs and names the failure, and the next submission submits the test again.
+
 Each array task runs :func:`~kpca.training.experiment.plan.exec_command` for its run with ``launcher=["srun"]``,
 chosen by ``$SLURM_ARRAY_TASK_ID`` from a bash array in the script. The scripts ``cd`` to the folder the plan was
 submitted from (relative paths in a plan are relative to it) and call this process's Python interpreter by its
@@ -422,8 +427,9 @@ def render_report_script(plan: Plan, cwd: Path) -> str:
 
 
 def _sbatch(sbatch: str, dependency: str | None, script: Path) -> str:
-    """Submit ``script`` with ``sbatch --parsable``; the job id it prints."""
-    command = [sbatch, "--parsable", *([f"--dependency={dependency}"] if dependency else []), str(script)]
+    """Submit ``script`` with ``sbatch --parsable`` (a dependency cancels the job if it can never be met); its id."""
+    after = [f"--dependency={dependency}", "--kill-on-invalid-dep=yes"] if dependency else []
+    command = [sbatch, "--parsable", *after, str(script)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     except FileNotFoundError as error:

@@ -1,0 +1,149 @@
+"""Experiment plans against a real Slurm: the one-node Slurm on localhost of
+docker/local_slurm.sh (started by the ``local_slurm`` fixture, see conftest.py), on the smoke model and the built-in
+digits. What a real scheduler cannot show quickly (resources of a multi-GPU cluster, reruns that replace stuck
+tasks, damaged records) stays with the stand-ins of tests/training/test_experiment_slurm.py and tests/test_cluster.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kpca.training.experiment.plan import load_plan
+from kpca.training.experiment.slurm import read_jobs
+from kpca.training.experiment.status import step_states
+from kpca.vision_cls.builtin_data import write_digits_imagefolder
+from tests.cli_support import CONFIGS, CPU
+from tests.slurm.support import LocalSlurm
+from tests.test_cluster import clean_env
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
+TINY_FIT = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
+PLAN_TIMEOUT_S = 240
+TASK = "4294967294"  # jobcomp's ArrayTaskId of a job that is not an array task
+
+
+@pytest.fixture(scope="module")
+def digits_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.mktemp("digits_cache")
+    write_digits_imagefolder(cache / "digits-32px", image_size=32)
+    return cache
+
+
+def write_plan(folder: Path, name: str, runs: dict[str, list[str]], overrides: list[str]) -> Path:
+    """A plan of ``runs`` (name -> overrides) x seed 0 of the smoke model: fit, test (last checkpoint), report."""
+    plan = {
+        "name": name,
+        "app": "vision_cls",
+        "out": f"runs/{name}",
+        "seeds": [0],
+        "common": {"configs": [str(CPU), str(SMOKE)], "overrides": overrides},
+        "runs": [{"name": run, "overrides": extra} for run, extra in runs.items()],
+        "steps": [{"name": "fit"}, {"name": "test", "ckpt": "last"}],
+        "report": {"title": name},
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(plan, sort_keys=False))
+    return path
+
+
+def submit_plan(path: Path, cwd: Path) -> dict[str, str]:
+    """``kpca-experiment run PLAN --executor slurm`` as a user runs it; the submitted job ids by step."""
+    command = [sys.executable, "-m", "kpca.training.experiment", "run", str(path), "--executor", "slurm"]
+    done = subprocess.run(command, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {job["step"]: job["job_id"] for job in read_jobs(load_plan(path))}
+
+
+def cancel(jobs: dict[str, str]) -> None:
+    if jobs:
+        subprocess.run(["scancel", *jobs.values()], capture_output=True, timeout=30)
+
+
+def one(local_slurm: LocalSlurm, job: str) -> dict[str, str]:
+    [record] = local_slurm.finished_tasks(job)[-1]
+    return record
+
+
+def test_a_plan_runs_through_the_slurm_executor_to_its_report(
+    local_slurm: LocalSlurm, tmp_path: Path, digits_cache: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)  # the plan's paths are relative to the folder it is submitted from
+    overrides = [f"--data.cache_dir={digits_cache}", "--trainer.enable_progress_bar=false", *TINY_FIT]
+    path = write_plan(tmp_path, "real", {"a": [], "b": ["--model.net.init_args.attention.kind=symmetric"]}, overrides)
+    plan = load_plan(path)
+    jobs = {}
+    try:
+        jobs = submit_plan(path, tmp_path)
+        assert sorted(jobs) == ["fit", "report", "test"]
+        local_slurm.wait(lambda: not local_slurm.queue(jobs.values()), "every job of the plan ended", PLAN_TIMEOUT_S,
+                         plan.out)  # fmt: skip
+        diagnostics = local_slurm.diagnostics(plan.out)
+        assert [(state.run_id, state.step, state.state) for state in step_states(plan)] == [
+            ("a/seed0", "fit", "done"), ("a/seed0", "test", "done"), ("b/seed0", "fit", "done"),
+            ("b/seed0", "test", "done"),
+        ], diagnostics  # fmt: skip
+        fits, tests = local_slurm.finished_tasks(jobs["fit"]), local_slurm.finished_tasks(jobs["test"])
+        assert sorted(fits) == sorted(tests) == [0, 1], diagnostics
+        for task in (0, 1):
+            [fit], [test] = fits[task], tests[task]
+            assert fit["JobState"] == test["JobState"] == "COMPLETED", diagnostics
+            assert test["EligibleTime"] >= fit["EndTime"], diagnostics  # aftercorr: after its own fit ended
+        report = one(local_slurm, jobs["report"])
+        assert report["JobState"] == "COMPLETED", diagnostics
+        assert report["StartTime"] >= max(test["EndTime"] for [test] in tests.values()), diagnostics  # afterany
+        text = (plan.out / "report.md").read_text()
+        assert "a/seed0" in text and "b/seed0" in text, text
+        status = subprocess.run(
+            [sys.executable, "-m", "kpca.training.experiment", "status", str(path)],
+            cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        rows = [line for line in status.stdout.splitlines() if line.startswith("| ") and "/seed0" in line]
+        assert len(rows) == 4 and all("| done |" in row for row in rows), status.stdout
+    finally:
+        cancel(jobs)
+
+
+def test_the_report_runs_after_a_failed_fit(
+    local_slurm: LocalSlurm, tmp_path: Path, digits_cache: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    overrides = [f"--data.cache_dir={digits_cache}", "--trainer.enable_progress_bar=false", *TINY_FIT]
+    path = write_plan(tmp_path, "broken", {"good": [], "bad": ["--model.net.init_args.depth=not-a-number"]}, overrides)
+    plan = load_plan(path)
+    good, bad = plan.runs
+    jobs = {}
+    try:
+        jobs = submit_plan(path, tmp_path)
+        stuck = {}
+
+        def report_ran_or_stuck() -> bool:
+            queued = local_slurm.queue(jobs.values())
+            if not queued:
+                return True
+            others = {job: entry for job, entry in queued.items() if job != jobs["report"]}
+            if others and all(reason == "DependencyNeverSatisfied" for _, reason in others.values()):
+                stuck.update(queued)
+                return True
+            return False
+
+        local_slurm.wait(report_ran_or_stuck, "the report ran", PLAN_TIMEOUT_S, plan.out)
+        diagnostics = local_slurm.diagnostics(plan.out)
+        assert not stuck, f"the report waits for ever behind a test that can never start: {stuck}\n{diagnostics}"
+        fits, tests = local_slurm.finished_tasks(jobs["fit"]), local_slurm.finished_tasks(jobs["test"])
+        assert fits[0][-1]["JobState"] == "COMPLETED" and fits[1][-1]["JobState"] == "FAILED", diagnostics
+        assert tests[0][-1]["JobState"] == "COMPLETED", diagnostics
+        assert tests[0][-1]["EligibleTime"] >= fits[0][-1]["EndTime"], diagnostics
+        assert tests[1][-1]["JobState"] == "CANCELLED", diagnostics  # never started: its fit failed
+        assert one(local_slurm, jobs["report"])["JobState"] == "COMPLETED", diagnostics
+        text = (plan.out / "report.md").read_text()
+        assert f"| {bad.id} | fit | failed |" in text and f"| {good.id} | test | done |" in text, text
+    finally:
+        cancel(jobs)
