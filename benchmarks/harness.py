@@ -31,3 +31,33 @@ def write_report(path: str | None, report: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             f.write(report)
+
+
+def rate_table(
+    results: dict[tuple[str, str], dict], labels: dict[str, str], columns: tuple[str, str], items_per_step: int
+) -> list[str]:
+    """Markdown rows of a real-size training-step table, each row's ratio to the symmetric row of the same mode.
+
+    Args:
+        results: ``(mode, name) -> {"time_ms", "peak_gib", "first_step_s"}``, or ``{"error"}`` for a failed row.
+        labels: each name's label in the table.
+        columns: the headers of the name column and of the rate column (e.g. ``("model", "img/s")``).
+        items_per_step: images or tokens per step, for the rate.
+    """
+    name_header, rate_header = columns
+    lines = [
+        f"| mode | {name_header} | {rate_header} | ms/step | / symmetric | peak GPU memory (GiB) | first step (s) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for (mode, name), r in results.items():
+        head = f"| {mode} | {labels[name]} |"
+        if "time_ms" not in r:
+            lines.append(f"{head} failed: {r['error']} | | | | |")
+            continue
+        base = results.get((mode, "symmetric"), {})
+        ratio = f"{r['time_ms'] / base['time_ms']:.3f}" if "time_ms" in base else "-"
+        peak = "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+        rate = items_per_step / r["time_ms"] * 1e3
+        shown = f"{rate:,.{1 if rate < 100 else 0}f}"  # one decimal below 100 (a CPU's img/s)
+        lines.append(f"{head} {shown} | {r['time_ms']:.2f} | {ratio} | {peak} | {r['first_step_s']:.1f} |")
+    return lines

@@ -54,7 +54,7 @@ import os
 import sys
 import time
 
-from harness import Check, check, spawn, write_report
+from harness import Check, check, rate_table, spawn, write_report
 from vision_cls import (
     STEP_MODES,
     autocast,
@@ -392,27 +392,6 @@ def paper_rows(modes: list[str]) -> list[tuple[str, str]]:
     return [(mode, attention) for mode in STEP_MODES if mode in modes for attention in PAPER_CONFIGS]
 
 
-def paper_table(results: dict[tuple[str, str], dict], tokens_per_step: int) -> list[str]:
-    """Markdown rows of the real-size table, with each row's ratio to the symmetric model of the same mode."""
-    lines = [
-        "| mode | attention | tokens/s | ms/step | / symmetric | peak GPU memory (GiB) | first step (s) |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for (mode, attention), r in results.items():
-        head = f"| {mode} | {PAPER_CONFIGS[attention][0]} |"
-        if "time_ms" not in r:
-            lines.append(f"{head} failed: {r['error']} | | | | |")
-            continue
-        base = results.get((mode, "symmetric"), {})
-        ratio = f"{r['time_ms'] / base['time_ms']:.3f}" if "time_ms" in base else "-"
-        peak = "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
-        lines.append(
-            f"{head} {tokens_per_step / r['time_ms'] * 1e3:,.0f} | {r['time_ms']:.2f} | {ratio} | {peak} "
-            f"| {r['first_step_s']:.1f} |"
-        )
-    return lines
-
-
 def paper_targets(results: dict[tuple[str, str], dict]) -> list[Check]:
     """RPC / symmetric step time per mode where both ran, against the same 1.25 as parts 1 and 2."""
     checks = []
@@ -440,7 +419,9 @@ def render_paper(results: dict[tuple[str, str], dict], args: argparse.Namespace)
         f"{args.steps} timed steps after {args.warmup} warm-up step(s), each row in its own process; compiled: the "
         "trunk, as `--model.compile true`; its first step includes the compilation.",
         "",
-        *paper_table(results, args.batch * args.context),
+        *rate_table(
+            results, {k: v[0] for k, v in PAPER_CONFIGS.items()}, ("attention", "tokens/s"), args.batch * args.context
+        ),
     ]
     if checks:
         lines += ["", "Targets:", "", *render_targets(checks)]

@@ -27,7 +27,7 @@ import json
 import os
 import sys
 
-from harness import write_report
+from harness import rate_table, write_report
 from vision_cls import STEP_MODES, autocast, csv, environment, progress, spawn_or_error, time_steps
 
 # torch, timm and Lightning are imported inside the worker functions: the parent only spawns workers.
@@ -104,27 +104,6 @@ def rows(modes: list[str]) -> list[tuple[str, str]]:
     return [(mode, attention) for mode in STEP_MODES if mode in modes for attention in CONFIGS]
 
 
-def table(results: dict[tuple[str, str], dict], batch: int) -> list[str]:
-    """Markdown rows, with each row's ratio to the symmetric model of the same mode."""
-    lines = [
-        "| mode | model | img/s | ms/step | / symmetric | peak GPU memory (GiB) | first step (s) |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for (mode, attention), r in results.items():
-        head = f"| {mode} | {CONFIGS[attention][0]} |"
-        if "time_ms" not in r:
-            lines.append(f"{head} failed: {r['error']} | | | | |")
-            continue
-        base = results.get((mode, "symmetric"), {})
-        ratio = f"{r['time_ms'] / base['time_ms']:.3f}" if "time_ms" in base else "-"
-        peak = "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
-        lines.append(
-            f"{head} {batch / r['time_ms'] * 1e3:,.1f} | {r['time_ms']:.2f} | {ratio} | {peak} "
-            f"| {r['first_step_s']:.1f} |"
-        )
-    return lines
-
-
 def render(results: dict[tuple[str, str], dict], args: argparse.Namespace) -> str:
     """The Markdown report: settings, then one row per model and mode."""
     env = next((r for r in results.values() if "torch" in r), {})
@@ -140,7 +119,7 @@ def render(results: dict[tuple[str, str], dict], args: argparse.Namespace) -> st
         "own process; compiled: the network's forward, as `--model.compile true`; its first step includes the "
         "compilation.",
         "",
-        *table(results, args.batch),
+        *rate_table(results, {k: v[0] for k, v in CONFIGS.items()}, ("model", "img/s"), args.batch),
     ]
     return "\n".join(lines) + "\n"
 

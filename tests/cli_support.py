@@ -1,5 +1,6 @@
 """What the apps' CLI tests share: the configs folder, running a command as from a shell, smoke-run options."""
 
+import importlib.util
 import os
 import re
 import signal
@@ -8,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from unittest import mock
 
 import pytest
@@ -138,3 +140,12 @@ def run_compiled_fit(main: Callable, prog: str, smoke: Path, root: Path, cache: 
     last = Path(cli.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     assert not [key for key in torch.load(last, weights_only=True)["state_dict"] if "_orig_mod" in key]
     return cli, last
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """The script at ``path`` (in benchmarks/ or requirements/, which are no packages) imported as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module

@@ -2,7 +2,6 @@
 console scripts with ``--device cpu``."""
 
 import datetime
-import importlib.util
 import re
 import subprocess
 import sys
@@ -11,20 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_support import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_proof.py"
 
 
-def load_script():
-    """benchmarks/gpu_proof.py as a module (benchmarks/ is no package)."""
-    spec = importlib.util.spec_from_file_location("gpu_proof", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_proof"] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_proof = load_script()
+gpu_proof = load_script(SCRIPT, "gpu_proof")
 Step = gpu_proof.Step
 
 

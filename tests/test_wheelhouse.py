@@ -2,7 +2,6 @@
 markers, the manifest, the errors, and the Makefile lines that call it and run ``make test-gpu`` with a node's Python.
 """
 
-import importlib.util
 import os
 import re
 import shutil
@@ -13,20 +12,13 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from tests.cli_support import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "requirements" / "wheelhouse.py"
 
 
-def load_script():
-    """requirements/wheelhouse.py as a module (requirements/ is no package)."""
-    spec = importlib.util.spec_from_file_location("wheelhouse", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["wheelhouse"] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
-wheelhouse = load_script()
+wheelhouse = load_script(SCRIPT, "wheelhouse")
 Target = wheelhouse.Target
 H200 = Target("3.12", "manylinux_2_28_x86_64")
 
