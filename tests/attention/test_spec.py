@@ -1,13 +1,23 @@
 """AttentionSpec: building modules, and use as a LightningCLI argument type."""
 
+import re
 import sys
+from typing import get_args, get_type_hints
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.cli import LightningCLI
 
-from kpca.attention import AlphaAsymAttention, AttentionSpec, RPCAttention, ScaledAttention, SoftmaxAttention
+from kpca.attention import (
+    AlphaAsymAttention,
+    AttentionSpec,
+    RPCAttention,
+    ScaledAttention,
+    SoftmaxAttention,
+    register_attention_kind,
+)
+from kpca.attention import spec as spec_module
 from kpca.attention.spec import KINDS
 
 
@@ -87,3 +97,60 @@ def test_lightning_cli_reports_bad_spec(capsys):
     with pytest.raises(SystemExit):
         LightningCLI(TinyModel, args=["--model.attention.kind=rcp", "--seed_everything=0"], run=False)
     assert "rcp" in capsys.readouterr().err
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The kind registry, restored after the test (a registration rebinds ``KINDS`` and ``AttentionKind``)."""
+    monkeypatch.setattr(spec_module, "_REGISTRY", dict(spec_module._REGISTRY))
+    monkeypatch.setattr(spec_module, "KINDS", spec_module.KINDS)
+    monkeypatch.setattr(spec_module, "AttentionKind", spec_module.AttentionKind)
+
+
+def _plain(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> torch.nn.Module:
+    return SoftmaxAttention(dim, num_heads, backend=spec.backend, **kwargs)
+
+
+def test_the_kinds_and_their_literal_come_from_the_registry():
+    assert KINDS == ("softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha")
+    assert get_args(spec_module.AttentionKind) == KINDS
+    assert get_type_hints(AttentionSpec)["kind"] == spec_module.AttentionKind  # what LightningCLI reads
+    assert spec_module.registered_kind("rpc").others == "symmetric"
+    assert all(spec_module.registered_kind(kind).others is None for kind in KINDS if kind != "rpc")
+
+
+@pytest.mark.usefixtures("registry")
+def test_a_registered_kind_builds_and_is_a_cli_choice(tmp_path):
+    register_attention_kind("plain_rest_symmetric", others="symmetric")(_plain)
+    assert spec_module.KINDS[-1] == "plain_rest_symmetric"
+    assert "plain_rest_symmetric" in get_args(get_type_hints(AttentionSpec)["kind"])
+    spec = AttentionSpec(kind="plain_rest_symmetric", layers=[1], backend="torch")
+    assert type(spec.build(24, 3)) is SoftmaxAttention and not spec.build(24, 3).symmetric
+    rest = AttentionSpec(kind="symmetric", backend="torch")
+    assert spec.per_block(3) == [rest, spec, rest]
+    cli = LightningCLI(
+        TinyModel, args=["--model.attention.kind=plain_rest_symmetric", "--seed_everything=0"], run=False,
+        trainer_defaults={"logger": False, "enable_checkpointing": False, "default_root_dir": str(tmp_path)},
+    )  # fmt: skip
+    assert type(cli.model.attn) is SoftmaxAttention
+
+
+@pytest.mark.usefixtures("registry")
+@pytest.mark.parametrize(
+    ("name", "others", "match"),
+    [
+        ("rpc", None, r"attention kind 'rpc' is registered already \(by _rpc\)"),
+        ("two words", None, "must be a Python identifier, got 'two words'"),
+        ("fresh", "missing", r"others='missing' for kind 'fresh' is no registered kind; register it first"),
+    ],
+)
+def test_a_bad_registration_names_the_problem(name, others, match):
+    with pytest.raises(ValueError, match=match):
+        register_attention_kind(name, others=others)(_plain)
+    assert "fresh" not in spec_module.KINDS
+
+
+def test_an_unknown_kind_lists_the_registered_ones():
+    listed = re.escape(str(KINDS))
+    with pytest.raises(ValueError, match=f"kind must be one of {listed}, got 'rcp'; .*register_attention_kind"):
+        AttentionSpec(kind="rcp")

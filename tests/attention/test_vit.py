@@ -9,7 +9,8 @@ import timm
 import torch
 
 from kpca.attention import AlphaAsymAttention, AttentionSpec, RPCAttention, ScaledAttention, SoftmaxAttention
-from kpca.attention.vit import ARCHS, Arch, create_vit, load_vit_state_dict, model_name
+from kpca.attention.spec import KINDS
+from kpca.attention.vit import ARCHS, FAMILIES, Arch, create_vit, load_vit_state_dict, model_name
 
 from .helpers import assert_vit_holds
 
@@ -21,6 +22,12 @@ def test_the_size_table_is_the_arch_literal_and_names_follow_timm():
     assert tuple(ARCHS) == get_args(Arch)
     assert model_name("deit_small", "softmax") == "deit_small_patch16_224"  # timm's own DeiT
     assert model_name("deit_base", "rpc") == "rpc_symvit_base_patch16_224"
+
+
+def test_every_attention_kind_has_a_vit_family():
+    assert sorted(spec.kind for spec in FAMILIES.values()) == sorted(KINDS)  # a new kind gets a family here
+    with pytest.raises(ValueError, match="attention kind 'plain' has no ViT family in kpca.attention.vit.FAMILIES"):
+        model_name("deit_tiny", "plain")
 
 
 @pytest.mark.parametrize(

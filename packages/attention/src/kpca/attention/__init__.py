@@ -15,12 +15,19 @@ from kpca.attention import _torch_version  # noqa: F401 (first: refuses a torch 
 from kpca.attention._backend import get_backend, set_backend, use_backend
 from kpca.attention.functional import RPCState, pap_mu, rpc_attention, softmax_attention
 from kpca.attention.layout import convert_qkv_rows, is_symmetric_qkv
-from kpca.attention.modules import AlphaAsymAttention, RPCAttention, ScaledAttention, SoftmaxAttention
-from kpca.attention.spec import AttentionSpec
+from kpca.attention.modules import (
+    AlphaAsymAttention,
+    AttentionOptions,
+    RPCAttention,
+    ScaledAttention,
+    SoftmaxAttention,
+)
+from kpca.attention.spec import AttentionSpec, register_attention_kind
 from kpca.attention.swap import AttentionSwap, swap_attention
 
 __all__ = [
     "AlphaAsymAttention",
+    "AttentionOptions",
     "AttentionSpec",
     "AttentionSwap",
     "RPCAttention",
@@ -31,6 +38,7 @@ __all__ = [
     "get_backend",
     "is_symmetric_qkv",
     "pap_mu",
+    "register_attention_kind",
     "rpc_attention",
     "set_backend",
     "softmax_attention",

@@ -1,8 +1,9 @@
-"""Combining causal, key-padding and user masks into the one mask an SDPA call takes."""
+"""Combining causal, key-padding and user masks into the one mask an SDPA call takes, and that call."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def combine_masks(
@@ -42,3 +43,27 @@ def combine_masks(
     if attn_mask.dtype == torch.bool:
         return allowed & attn_mask, False
     return attn_mask.masked_fill(~allowed, float("-inf")), False
+
+
+def masked_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    scale: float | None,
+) -> torch.Tensor:
+    """One ``F.scaled_dot_product_attention`` call with the masks combined by :func:`combine_masks`: (B, H, N, D).
+
+    No argument checks (``softmax_attention`` checks, then calls this; TorchScript compiles it as it is).
+
+    Args:
+        q, k, v: (B, H, N, D).
+        attn_mask, key_padding_mask, is_causal: as in :func:`combine_masks`.
+        dropout_p: dropout on the attention probabilities.
+        scale: softmax scale, None for 1 / sqrt(D).
+    """
+    mask, causal = combine_masks(attn_mask, key_padding_mask, is_causal, q.shape[2], q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale)

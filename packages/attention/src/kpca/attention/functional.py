@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from kpca.attention import _checks
 from kpca.attention._backend import Backend, resolve_backend, run_on_backend
 from kpca.attention._checks import Convention
-from kpca.attention._masks import combine_masks
+from kpca.attention._masks import combine_masks, masked_sdpa
 from kpca.attention._pap import PapFirst, PapStep, pap_mu
 
 
@@ -72,8 +72,7 @@ def softmax_attention(
     b, h, n, _ = _checks.check_qkv(q=q, k=k, v=v)
     _check_common(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     resolve_backend(backend, q)  # one SDPA call on every backend; an explicit "triton" still checks the inputs
-    mask, causal = combine_masks(attn_mask, key_padding_mask, is_causal, n, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p, scale=scale)
+    return masked_sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, scale)
 
 
 def rpc_attention(

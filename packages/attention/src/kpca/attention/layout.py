@@ -2,11 +2,11 @@
 
 Legend: B batch, N tokens, H heads, D head dim, A = H * D rows in each of Q, K and V.
 
-The one place that knows the layout. The modules' forward and :func:`kpca.attention.capture.project_qkv` split a
-projection with :func:`split_qkv`; ``swap_attention`` and the ViT weight conversion move rows with
-:func:`convert_qkv_rows`; and they ask an attention layer for its layout (:func:`attention_dim`,
-:func:`has_symmetric_qkv`) rather than guess it from row counts (384 rows are ``[K;V]`` of width 192 and
-``[Q;K;V]`` of width 128).
+The one place that knows the layout. :func:`kpca.attention.capture.project_qkv` splits a projection with
+:func:`split_qkv`, and the modules' forward, which knows its layout from construction, with :func:`split_heads`;
+``swap_attention`` and the ViT weight conversion move rows with :func:`convert_qkv_rows`; and they ask an attention
+layer for its layout (:func:`attention_dim`, :func:`has_symmetric_qkv`) rather than guess it from row counts (384
+rows are ``[K;V]`` of width 192 and ``[Q;K;V]`` of width 128).
 """
 
 from __future__ import annotations
@@ -108,17 +108,34 @@ def split_qkv(
     Raises:
         ValueError: if the last dim of ``projected`` is neither 3 nor 2 times H * D.
     """
-    b, n, width = projected.shape
     attn_dim = num_heads * head_dim
-    if width not in (qkv_rows(attn_dim, symmetric=False), qkv_rows(attn_dim, symmetric=True)):
+    width = projected.shape[-1]
+    if projected.dim() != 3 or width not in (qkv_rows(attn_dim, symmetric=False), qkv_rows(attn_dim, symmetric=True)):
         raise ValueError(
             f"a qkv projection of shape {tuple(projected.shape)} fits no layout for num_heads={num_heads}, "
-            f"head_dim={head_dim}: its last dim must be 3 * {attn_dim} ([Q;K;V]) or 2 * {attn_dim} ([K;V])"
+            f"head_dim={head_dim}: it must be (B, N, 3 * {attn_dim}) ([Q;K;V]) or (B, N, 2 * {attn_dim}) ([K;V])"
         )
-    blocks = width // attn_dim
-    qkv = projected.reshape(b, n, blocks, num_heads, head_dim).permute(2, 0, 3, 1, 4)  # (blocks, B, H, N, D)
-    if blocks == _ASYMMETRIC_BLOCKS:
-        q, k, v = qkv.unbind(0)  # (B, H, N, D) each
-        return q, k, v
-    k, v = qkv.unbind(0)  # (B, H, N, D) each
-    return None, k, v
+    return split_heads(projected, width == qkv_rows(attn_dim, symmetric=True), num_heads, head_dim)
+
+
+def split_heads(
+    projected: torch.Tensor, symmetric: bool, num_heads: int, head_dim: int
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """:func:`split_qkv` for a layer that knows its layout: no checks, so TorchScript and torch.fx take it.
+
+    Args:
+        projected: (B, N, 2 * A) ``[K;V]`` if ``symmetric``, else (B, N, 3 * A) ``[Q;K;V]``; A = H * D.
+        symmetric: the layout, as the layer was built.
+        num_heads: H.
+        head_dim: D.
+
+    Returns:
+        ``(q, k, v)``, each (B, H, N, D); q is None if ``symmetric``.
+    """
+    b, n, _ = projected.shape
+    qkv = projected.reshape(b, n, -1, num_heads, head_dim).permute(2, 0, 3, 1, 4)  # (3 | 2, B, H, N, D)
+    if symmetric:
+        k, v = qkv.unbind(0)  # (B, H, N, D) each
+        return None, k, v
+    q, k, v = qkv.unbind(0)  # (B, H, N, D) each
+    return q, k, v

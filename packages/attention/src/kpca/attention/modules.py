@@ -11,38 +11,97 @@ state_dict is timm's; the symmetric one is ``qkv = Linear(dim, 2 * H * D)`` (K, 
 from __future__ import annotations
 
 import abc
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch import nn
 
 from kpca.attention._backend import Backend, check_backend
+from kpca.attention._calls import refuse_token_order, rpc_call, scaled_values, softmax_call
 from kpca.attention._checks import Convention, check_pap_args
-from kpca.attention.functional import RPCState, rpc_attention, softmax_attention
-from kpca.attention.layout import is_symmetric_qkv, qkv_rows, split_qkv
+from kpca.attention.functional import RPCState, rpc_attention
+from kpca.attention.layout import qkv_rows, split_heads
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+# A symbolic trace records each attention call as one node (see kpca.attention._calls), as timm's own tracer
+# records the functions it registers; torch.fx.wrap works with every tracer.
+torch.fx.wrap("softmax_call")
+torch.fx.wrap("rpc_call")
+torch.fx.wrap("scaled_values")
+
+
+class AttentionOptions(TypedDict, total=False):
+    """The keywords every attention module here takes: timm ``Attention``'s, plus ``is_causal`` and ``backend``.
+
+    Attributes:
+        attn_head_dim: head dim D, default dim // num_heads.
+        dim_out: output width, default dim.
+        qkv_bias: bias in the input projection (default False).
+        qk_norm: normalise queries and keys per head with ``norm_layer`` (default False).
+        scale_norm: normalise the attention output before the output projection (default False).
+        proj_bias: bias in the output projection (default True).
+        gated: sigmoid gate on the attention output, timm's ``gated`` (default False).
+        attn_drop: dropout on attention probabilities (default 0).
+        proj_drop: dropout after the output projection (default 0).
+        norm_layer: normalisation class for ``qk_norm`` / ``scale_norm`` (default None).
+        is_causal: always attend causally (default False).
+        backend: "auto" (the global default, else Triton for supported CUDA inputs, else torch), "torch" or
+            "triton"; resolved at each eager call, see ``kpca.attention.set_backend``. A TorchScript model runs
+            torch (and refuses "triton").
+        device, dtype: factory arguments for the parameters.
+    """
+
+    attn_head_dim: int | None
+    dim_out: int | None
+    qkv_bias: bool
+    qk_norm: bool
+    scale_norm: bool
+    proj_bias: bool
+    gated: bool
+    attn_drop: float
+    proj_drop: float
+    norm_layer: type[nn.Module] | None
+    is_causal: bool
+    backend: Backend
+    device: torch.device | str | None
+    dtype: torch.dtype | None
 
 
 class _ProjectedAttention(nn.Module, abc.ABC):
-    """Shared projections of timm-style self-attention; subclasses implement ``_attend``."""
+    """Shared projections of timm-style self-attention; subclasses implement ``_attend``.
+
+    What the forward needs to know is decided and checked here, once, and stored: the forward is plain tensor code
+    that TorchScript compiles and torch.fx traces, as timm's ``Attention``.
+
+    Attributes:
+        symmetric: whether queries are the keys (the projection makes K and V only, ``[K;V]``).
+        num_heads: H.
+        head_dim: D.
+        attn_dim: H * D, the rows in each of Q, K and V.
+    """
 
     def __init__(
         self,
         dim: int,
         num_heads: int,
         symmetric: bool,
-        attn_head_dim: int | None,
-        dim_out: int | None,
-        qkv_bias: bool,
-        qk_norm: bool,
-        scale_norm: bool,
-        proj_bias: bool,
-        gated: bool,
-        attn_drop: float,
-        proj_drop: float,
-        norm_layer: type[nn.Module] | None,
-        is_causal: bool,
-        backend: Backend,
-        device: torch.device | str | None,
-        dtype: torch.dtype | None,
+        *,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        is_causal: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         check_backend(backend)
@@ -53,6 +112,7 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         if (qk_norm or scale_norm) and norm_layer is None:
             raise ValueError("qk_norm=True or scale_norm=True needs a norm_layer, e.g. norm_layer=nn.LayerNorm")
         dd = {"device": device, "dtype": dtype}
+        self.symmetric = symmetric
         self.num_heads = num_heads
         self.head_dim = attn_head_dim or dim // num_heads
         self.attn_dim = num_heads * self.head_dim
@@ -66,11 +126,6 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         self.gate = nn.Linear(dim, self.attn_dim, bias=qkv_bias, **dd) if gated else None
         self.proj = nn.Linear(self.attn_dim, dim_out or dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
-
-    @property
-    def symmetric(self) -> bool:
-        """Whether queries are the keys (the projection makes K and V only)."""
-        return is_symmetric_qkv(self.qkv.weight, self.attn_dim)
 
     def forward(
         self,
@@ -91,28 +146,29 @@ class _ProjectedAttention(nn.Module, abc.ABC):
             (B, N, dim_out) tokens.
         """
         b, n, _ = x.shape
-        q, k, v = split_qkv(self.qkv(x), self.num_heads, self.head_dim)  # (B, H, N, D) each; q None if symmetric
-        if q is not None:
-            q = self.q_norm(q)
+        q, k, v = split_heads(self.qkv(x), self.symmetric, self.num_heads, self.head_dim)  # (B, H, N, D); q None: K
         k = self.k_norm(k)
-        out = self._attend(
-            k if q is None else q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            key_padding_mask=key_padding_mask,
-            is_causal=is_causal or self.is_causal,
-            dropout_p=self.attn_drop.p if self.training else 0.0,
-            backend=self.backend,
-        )  # (B, H, N, D)
-        out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))  # (B, N, H * D)
+        queries = k if q is None else self.q_norm(q)
+        causal = True if self.is_causal else is_causal  # no branch on the argument: a torch.fx trace has a Proxy
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        out = self._attend(queries, k, v, attn_mask, key_padding_mask, causal, dropout_p)
+        out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))  # (B, H, N, D) -> (B, N, H * D)
         if self.gate is not None:
             out = out * self.gate(x).sigmoid()
         return self.proj_drop(self.proj(out))  # (B, N, dim_out)
 
     @abc.abstractmethod
-    def _attend(self, q, k, v, **kwargs) -> torch.Tensor:
-        """Attend with (B, H, N, D) q, k, v; q is k for symmetric modules."""
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        """Attend with (B, H, N, D) q, k, v (q is k for symmetric modules): (B, H, N, D)."""
 
 
 class SoftmaxAttention(_ProjectedAttention):
@@ -121,59 +177,34 @@ class SoftmaxAttention(_ProjectedAttention):
     Args:
         dim: input width C.
         num_heads: number of heads H.
-        attn_head_dim: head dim D, default dim // num_heads.
-        dim_out: output width, default dim.
-        qkv_bias: bias in the input projection.
-        qk_norm: normalise queries and keys per head with ``norm_layer``.
-        scale_norm: normalise the attention output before the output projection.
-        proj_bias: bias in the output projection.
-        gated: sigmoid gate on the attention output (timm's ``gated``).
-        attn_drop: dropout on attention probabilities.
-        proj_drop: dropout after the output projection.
-        norm_layer: normalisation class for ``qk_norm`` / ``scale_norm``.
         symmetric: project K and V only (``Linear(dim, 2 * H * D)``) and use q = k.
-        is_causal: always attend causally.
-        backend: "auto" (the global default, else Triton for supported CUDA inputs, else torch),
-            "torch" or "triton"; resolved at each call, see ``kpca.attention.set_backend``.
-        device, dtype: factory arguments for the parameters.
+        **kwargs: timm ``Attention``'s keywords and ours, see :class:`AttentionOptions`.
     """
 
     def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        *,
-        symmetric: bool = False,
-        is_causal: bool = False,
-        backend: Backend = "auto",
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        self, dim: int, num_heads: int = 8, *, symmetric: bool = False, **kwargs: Unpack[AttentionOptions]
     ) -> None:
-        super().__init__(
-            dim, num_heads, symmetric, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
-            proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
-        )  # fmt: skip
+        super().__init__(dim, num_heads, symmetric, **kwargs)
 
-    def _attend(self, q, k, v, **kwargs) -> torch.Tensor:
-        return softmax_attention(q, k, v, **kwargs)
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, self.backend)
 
 
 class RPCAttention(_ProjectedAttention):
     """RPC-Attention: symmetric self-attention whose heads run Principal Attention Pursuit.
 
     Takes the arguments of :class:`SoftmaxAttention` (always symmetric) plus the PAP settings.
-    Set ``record_state = True`` on an instance to keep the last forward's :class:`RPCState`
-    in ``last_state`` (detached) for diagnostics.
+    Set ``record_state = True`` on an instance to keep the last eager forward's :class:`RPCState`
+    in ``last_state`` (detached) for diagnostics; TorchScript and torch.fx graphs record none.
 
     Args:
         n_iter: attention evaluations per forward (the paper: 4 or 6 in block 0, 2 in all blocks).
@@ -181,37 +212,24 @@ class RPCAttention(_ProjectedAttention):
         convention: "reference" (the authors' code) or "pcp" (textbook PCP), see ``rpc_attention``.
     """
 
+    __jit_ignored_attributes__ = ["last_state"]  # eager diagnostics (a dataclass): no TorchScript attribute
+
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
         *,
         n_iter: int = 4,
         lambd: float = 4.0,
         convention: Convention = "reference",
-        is_causal: bool = False,
-        backend: Backend = "auto",
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **kwargs: Unpack[AttentionOptions],
     ) -> None:
-        super().__init__(
-            dim, num_heads, True, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
-            proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
-        )  # fmt: skip
+        super().__init__(dim, num_heads, True, **kwargs)
         check_pap_args(n_iter, lambd, convention, None)
         self.n_iter = n_iter
-        self.lambd = lambd
+        self.lambd = float(lambd)
         self.convention = convention
+        self.mu_width = self.attn_dim if convention == "reference" else self.head_dim  # C (the authors'), D for pcp
         self.record_state = False
         self.last_state: RPCState | None = None
 
@@ -219,30 +237,37 @@ class RPCAttention(_ProjectedAttention):
         """The PAP settings, shown in ``repr(module)``."""
         return f"n_iter={self.n_iter}, lambd={self.lambd}, convention={self.convention!r}"
 
-    def _attend(self, q, k, v, **kwargs) -> torch.Tensor:
-        out = rpc_attention(
-            k,
-            v,
-            n_iter=self.n_iter,
-            lambd=self.lambd,
-            convention=self.convention,
-            embed_dim=self.attn_dim if self.convention == "reference" else None,
-            return_state=self.record_state,
-            **kwargs,
-        )
-        if not self.record_state:
-            return out
-        out, self.last_state = out
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        if not torch.jit.is_scripting() and self.record_state:
+            return self._attend_recording(k, v, attn_mask, key_padding_mask, is_causal, dropout_p)
+        return rpc_call(
+            k, v, self.n_iter, self.lambd, self.convention, self.mu_width, attn_mask, key_padding_mask, is_causal,
+            dropout_p, self.backend,
+        )  # fmt: skip
+
+    def _attend_recording(self, k, v, attn_mask, key_padding_mask, is_causal: bool, dropout_p: float) -> torch.Tensor:
+        """:meth:`_attend` keeping the :class:`RPCState` in ``last_state``; eager only."""
+        if isinstance(k, torch.fx.Proxy):
+            raise ValueError(
+                "RPCAttention.record_state keeps the state of eager forwards, and a torch.fx trace has none; "
+                "set record_state = False before tracing"
+            )
+        embed_dim = self.mu_width if self.convention == "reference" else None
+        out, self.last_state = rpc_attention(
+            k, v, n_iter=self.n_iter, lambd=self.lambd, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+            is_causal=is_causal, dropout_p=dropout_p, embed_dim=embed_dim, convention=self.convention,
+            return_state=True, backend=self.backend,
+        )  # fmt: skip
         return out
-
-
-def _asymmetric_only(module: nn.Module, is_causal: bool, key_padding_mask: torch.Tensor | None) -> None:
-    """Scaled Attention S mixes values across all N tokens: no causal mask or key padding can hold."""
-    if is_causal or key_padding_mask is not None:
-        raise ValueError(
-            f"{type(module).__name__} mixes values across all tokens (A (I - S) V), so it cannot be causal or "
-            "take a key_padding_mask; use kind 'scaled_alpha' (causal and padding safe) or plain softmax attention"
-        )
 
 
 class ScaledAttention(_ProjectedAttention):
@@ -257,50 +282,33 @@ class ScaledAttention(_ProjectedAttention):
         num_tokens: N, the fixed sequence length (ViT: patches + prefix tokens); other lengths raise.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        *,
-        num_tokens: int,
-        is_causal: bool = False,
-        backend: Backend = "auto",
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(
-            dim, num_heads, False, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
-            proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
-        )  # fmt: skip
+    def __init__(self, dim: int, num_heads: int = 8, *, num_tokens: int, **kwargs: Unpack[AttentionOptions]) -> None:
+        super().__init__(dim, num_heads, False, **kwargs)
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
             raise ValueError(f"num_tokens must be a positive int (N, the sequence length), got {num_tokens!r}")
-        _asymmetric_only(self, is_causal, None)
+        refuse_token_order(self.is_causal, None)
         self.num_tokens = num_tokens
-        self.s_matrix = nn.Parameter(torch.zeros(num_heads, num_tokens, num_tokens, device=device, dtype=dtype))
+        like = self.qkv.weight
+        self.s_matrix = nn.Parameter(
+            torch.zeros(num_heads, num_tokens, num_tokens, device=like.device, dtype=like.dtype)
+        )
 
     def extra_repr(self) -> str:
         """The sequence length S is built for, shown in ``repr(module)``."""
         return f"num_tokens={self.num_tokens}"
 
-    def _attend(self, q, k, v, **kwargs) -> torch.Tensor:
-        _asymmetric_only(self, kwargs["is_causal"], kwargs["key_padding_mask"])
-        if v.shape[-2] != self.num_tokens:
-            raise ValueError(
-                f"ScaledAttention was built for num_tokens={self.num_tokens} but got N={v.shape[-2]} tokens; "
-                "build it (AttentionSpec.num_tokens) for the model's sequence length"
-            )
-        v = v - self.s_matrix.to(v.dtype) @ v  # (I − S) V: (H, N, N) @ (B, H, N, D) -> (B, H, N, D)
-        return softmax_attention(q, k, v, **kwargs)
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        v = scaled_values(v, self.s_matrix, is_causal, key_padding_mask)  # (I − S) V, (B, H, N, D)
+        return softmax_call(q, k, v, attn_mask, None, False, dropout_p, self.backend)
 
 
 class AlphaAsymAttention(_ProjectedAttention):
@@ -314,32 +322,22 @@ class AlphaAsymAttention(_ProjectedAttention):
     (always asymmetric).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        *,
-        is_causal: bool = False,
-        backend: Backend = "auto",
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(
-            dim, num_heads, False, attn_head_dim, dim_out, qkv_bias, qk_norm, scale_norm,
-            proj_bias, gated, attn_drop, proj_drop, norm_layer, is_causal, backend, device, dtype,
-        )  # fmt: skip
-        self.alpha = nn.Parameter(torch.zeros((), device=device, dtype=dtype))
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs: Unpack[AttentionOptions]) -> None:
+        super().__init__(dim, num_heads, False, **kwargs)
+        like = self.qkv.weight
+        self.alpha = nn.Parameter(torch.zeros((), device=like.device, dtype=like.dtype))
 
-    def _attend(self, q, k, v, **kwargs) -> torch.Tensor:
-        symmetric = softmax_attention(k, k, v, **{**kwargs, "dropout_p": 0.0})  # softmax(K Kᵀ) V, (B, H, N, D)
-        return softmax_attention(q, k, v - self.alpha.to(v.dtype) * symmetric, **kwargs)
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        backend = self.backend
+        symmetric = softmax_call(k, k, v, attn_mask, key_padding_mask, is_causal, 0.0, backend)  # softmax(K Kᵀ) V
+        v = v - self.alpha.to(v.dtype) * symmetric  # (B, H, N, D)
+        return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, backend)

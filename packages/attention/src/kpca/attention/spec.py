@@ -1,10 +1,14 @@
-"""AttentionSpec: the one serialisable object with which apps and configs choose attention."""
+"""AttentionSpec, the one serialisable object with which apps and configs choose attention, and the attention kinds.
+
+Each kind is registered once, with :func:`register_attention_kind` on its builder; ``AttentionSpec.kind``'s choices
+(:data:`KINDS`, and the ``Literal`` :data:`AttentionKind` that LightningCLI reads) are derived from the registry.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal
 
 from torch import nn
 
@@ -12,8 +16,78 @@ from kpca.attention._backend import Backend, check_backend
 from kpca.attention._checks import Convention, check_pap_args
 from kpca.attention.modules import AlphaAsymAttention, RPCAttention, ScaledAttention, SoftmaxAttention
 
-AttentionKind = Literal["softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha"]
-KINDS: tuple[str, ...] = get_args(AttentionKind)
+Builder = Callable[..., nn.Module]
+"""``build(spec, dim, num_heads, **options)``: the module of a kind, for an :class:`AttentionSpec` and timm
+``Attention``'s keywords (``kpca.attention.modules.AttentionOptions``)."""
+
+
+@dataclass(frozen=True)
+class RegisteredKind:
+    """An attention kind in the registry.
+
+    Attributes:
+        name: the ``AttentionSpec.kind`` value.
+        build: its :data:`Builder`.
+        others: the kind of the blocks outside ``AttentionSpec.layers`` (``rpc``: ``symmetric``), or None to leave
+            them as they are.
+    """
+
+    name: str
+    build: Builder
+    others: str | None
+
+
+_REGISTRY: dict[str, RegisteredKind] = {}
+KINDS: tuple[str, ...] = ()
+"""The registered kinds, in registration order; each registration rebinds it."""
+AttentionKind: Any = str
+"""``Literal[KINDS]``, the type of ``AttentionSpec.kind`` (LightningCLI's choices); each registration rebinds it."""
+
+
+def register_attention_kind(name: str, *, others: str | None = None) -> Callable[[Builder], Builder]:
+    """Register an attention kind: decorate its :data:`Builder` with this.
+
+    ``AttentionSpec(kind=name)`` then builds with it, and :data:`KINDS` and :data:`AttentionKind` list it: a kind
+    registered before a LightningCLI parser is built is one of the parser's choices for ``attention.kind``.
+
+    Args:
+        name: the kind, a Python identifier (``AttentionSpec.kind``, ``--model.attention.kind=<name>``).
+        others: a registered kind that the blocks outside ``AttentionSpec.layers`` get, or None to leave them as
+            they are (see :meth:`AttentionSpec.per_block`).
+
+    Raises:
+        ValueError: if ``name`` is no identifier or is registered already, or ``others`` is not registered.
+    """
+
+    def register(build: Builder) -> Builder:
+        global KINDS, AttentionKind
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"an attention kind's name must be a Python identifier, got {name!r}")
+        if name in _REGISTRY:
+            raise ValueError(f"attention kind {name!r} is registered already (by {_REGISTRY[name].build.__qualname__})")
+        if others is not None and others not in _REGISTRY:
+            raise ValueError(f"others={others!r} for kind {name!r} is no registered kind; register it first: {KINDS}")
+        _REGISTRY[name] = RegisteredKind(name, build, others)
+        KINDS = tuple(_REGISTRY)
+        AttentionKind = Literal[KINDS]
+        return build
+
+    return register
+
+
+def registered_kind(name: str) -> RegisteredKind:
+    """The registry entry of kind ``name``.
+
+    Raises:
+        ValueError: naming the registered kinds, if ``name`` is not one.
+    """
+    entry = _REGISTRY.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ValueError(
+            f"AttentionSpec.kind must be one of {KINDS}, got {name!r}; a new kind is registered with "
+            "kpca.attention.register_attention_kind"
+        )
+    return entry
 
 
 @dataclass
@@ -28,15 +102,16 @@ class AttentionSpec:
           layers: [0]
 
     Args:
-        kind: ``softmax`` (asymmetric, DeiT), ``symmetric`` (SymViT), ``rpc`` (RPC-SymViT), or the paper's
-            scaled-attention variants of asymmetric attention: ``scaled_s`` (``A (I − S) V``, a learnable
-            H x N x N ``S`` per layer, init 0) and ``scaled_alpha`` (``A (I − α softmax(K Kᵀ/√D)) V``, a
-            learnable scalar α per layer, init 0).
+        kind: one of :data:`KINDS`: ``softmax`` (asymmetric, DeiT), ``symmetric`` (SymViT), ``rpc``
+            (RPC-SymViT), the paper's scaled-attention variants of asymmetric attention ``scaled_s``
+            (``A (I − S) V``, a learnable H x N x N ``S`` per layer, init 0) and ``scaled_alpha``
+            (``A (I − α softmax(K Kᵀ/√D)) V``, a learnable scalar α per layer, init 0), or a kind registered
+            with :func:`register_attention_kind`.
         n_iter: PAP attention evaluations per RPC layer (>= 1); used by ``rpc`` only.
         lambd: PAP sparsity weight (> 0, finite); used by ``rpc`` only.
-        layers: ``"all"`` or a list of block indices that get ``kind``. With ``rpc`` the other
-            blocks are symmetric softmax (an RPC model is a SymViT with PAP in chosen blocks);
-            with the other kinds the other blocks are left as they are (see :meth:`per_block`).
+        layers: ``"all"`` or a list of block indices that get ``kind``. The other blocks get the kind's
+            registered ``others``: with ``rpc`` they are symmetric softmax (an RPC model is a SymViT with PAP in
+            chosen blocks); the other built-in kinds leave them as they are (see :meth:`per_block`).
         convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP).
         backend: ``auto``, ``torch`` or ``triton`` (see ``kpca.attention.set_backend``).
         num_tokens: N for ``scaled_s`` (its S is N x N); None lets ``swap_attention`` read it from a timm
@@ -52,8 +127,7 @@ class AttentionSpec:
     num_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"AttentionSpec.kind must be one of {KINDS}, got {self.kind!r}")
+        registered_kind(self.kind)
         check_pap_args(self.n_iter, self.lambd, self.convention, None)
         check_backend(self.backend)
         if self.num_tokens is not None and (
@@ -86,39 +160,45 @@ class AttentionSpec:
 
         Returns:
             One entry per block: this spec for the blocks :meth:`block_indices` selects; for the
-            others, with ``kind == "rpc"``, a symmetric spec on the same backend (an RPC model is a
-            SymViT with PAP in chosen blocks), else None, meaning "leave that block's attention as it is".
+            others, a spec of the kind's registered ``others`` on the same backend (``rpc``: symmetric, as an RPC
+            model is a SymViT with PAP in chosen blocks), or None where it has none, meaning "leave that block's
+            attention as it is".
 
         Raises:
             ValueError: if ``layers`` names a block index >= ``depth``.
         """
         chosen = set(self.block_indices(depth))
-        rest = AttentionSpec(kind="symmetric", backend=self.backend) if self.kind == "rpc" else None
+        others = registered_kind(self.kind).others
+        rest = None if others is None else AttentionSpec(kind=others, backend=self.backend)
         return [self if i in chosen else rest for i in range(depth)]
 
     def build(self, dim: int, num_heads: int = 8, **kwargs) -> nn.Module:
-        """Build the attention module of ``kind`` with timm ``Attention`` keywords (``qkv_bias``, ...).
+        """Build the attention module of ``kind`` (its registered builder) with timm ``Attention`` keywords.
 
         Raises:
             ValueError: for ``scaled_s`` without ``num_tokens``.
         """
-        return _BUILDERS[self.kind](self, dim, num_heads, **kwargs)
+        return registered_kind(self.kind).build(self, dim, num_heads, **kwargs)
 
 
+@register_attention_kind("softmax")
 def _softmax(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return SoftmaxAttention(dim, num_heads, backend=spec.backend, **kwargs)
 
 
+@register_attention_kind("symmetric")
 def _symmetric(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return SoftmaxAttention(dim, num_heads, symmetric=True, backend=spec.backend, **kwargs)
 
 
+@register_attention_kind("rpc", others="symmetric")
 def _rpc(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return RPCAttention(
         dim, num_heads, n_iter=spec.n_iter, lambd=spec.lambd, convention=spec.convention, backend=spec.backend, **kwargs
     )
 
 
+@register_attention_kind("scaled_s")
 def _scaled_s(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     if spec.num_tokens is None:
         raise ValueError(
@@ -128,15 +208,6 @@ def _scaled_s(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Mod
     return ScaledAttention(dim, num_heads, num_tokens=spec.num_tokens, backend=spec.backend, **kwargs)
 
 
+@register_attention_kind("scaled_alpha")
 def _scaled_alpha(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return AlphaAsymAttention(dim, num_heads, backend=spec.backend, **kwargs)
-
-
-_BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "softmax": _softmax,
-    "symmetric": _symmetric,
-    "rpc": _rpc,
-    "scaled_s": _scaled_s,
-    "scaled_alpha": _scaled_alpha,
-}
-"""The attention module of each kind in :data:`KINDS`: ``builder(spec, dim, num_heads, **timm_attention_kwargs)``."""

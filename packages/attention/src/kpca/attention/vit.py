@@ -64,7 +64,15 @@ def model_name(arch: str, kind: str) -> str:
 
     ``deit_tiny_patch16_224`` (timm's own DeiT) for ``softmax``, ``rpc_symvit_tiny_patch16_224`` for ``rpc``, and
     so on (see :data:`FAMILIES`).
+
+    Raises:
+        ValueError: if no family of :data:`FAMILIES` has attention ``kind``.
     """
+    if kind not in _FAMILY_OF_KIND:
+        raise ValueError(
+            f"attention kind {kind!r} has no ViT family in kpca.attention.vit.FAMILIES ({sorted(_FAMILY_OF_KIND)} "
+            "have); add one (its timm name prefix and default AttentionSpec) to build and register its ViTs"
+        )
     return f"{_FAMILY_OF_KIND[kind]}_{arch.removeprefix('deit_')}_patch{PATCH_SIZE}_224"
 
 

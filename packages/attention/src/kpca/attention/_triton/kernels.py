@@ -117,7 +117,7 @@ def _threshold(tau_ptr, bh, rows, row_mask, TAU_PER_ROW: tl.constexpr):
 
 @triton.jit
 def _shrink(x, tau):
-    """Soft threshold as in ``_pap.shrink_with_sign``: (x - clamp(x, -tau, tau), clamp, int8 sign); NaN stays NaN."""
+    """Soft threshold as in ``_pap.shrink`` / ``shrink_sign``: (x - clamp(x, -tau, tau), clamp, sign); NaN stays NaN."""
     clamped = tl.minimum(tl.maximum(x, -tau, propagate_nan=tl.PropagateNan.ALL), tau, propagate_nan=tl.PropagateNan.ALL)
     sign = (x > tau).to(tl.int8) - (x < -tau).to(tl.int8)
     return x - clamped, clamped, sign
