@@ -1,6 +1,7 @@
 """The demo plan (``make demo-seg``, configs/experiments/demo_seg.yaml), run end to end on a tiny budget (slow)."""
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,8 @@ def test_demo_plan_end_to_end_on_a_tiny_budget(tmp_path: Path, seg_cache_dir: Pa
         rows = {row["kind"]: row for row in csv.DictReader(f)}
     assert sorted(rows) == ["rpc", "symmetric"] and all(row["status"] == "complete" for row in rows.values())
     test_dir = out / "rpc" / "seed0" / "test"
+    record = json.loads((out / "rpc" / "seed0" / "test.done").read_text())
+    assert Path(record["checkpoint"]).name == "last.ckpt", record  # the test set is the validation set
     per_set = read_segmentation_report(test_dir / "segmentation.csv")
     assert float(rows["rpc"]["clean/mIoU"]) == pytest.approx(per_set["clean/mIoU"])
     assert float(rows["rpc"]["corrupted/mIoU"]) == pytest.approx(per_set["corrupted/mIoU"])

@@ -97,3 +97,13 @@ class LocalSlurm:
             if time.monotonic() > deadline:
                 raise AssertionError(f"not within {timeout_s:.0f} s: {what}\n{self.diagnostics(*folders)}")
             time.sleep(0.5)
+
+    def release_requeued(self, job: str) -> bool:
+        """Start a requeued job now: Slurm holds a requeued job back for 2 minutes (reason BeginTime).
+
+        Returns whether ``job`` was waiting for its begin time (and is released).
+        """
+        if self.queue([job]).get(job, ("", ""))[1] != "BeginTime":
+            return False
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+        return True

@@ -1,4 +1,4 @@
-"""Experiment plans against a real Slurm: the one-node Slurm on localhost of
+"""Experiment plans and docker/launch_slurm.sh against a real Slurm: the one-node Slurm on localhost of
 docker/local_slurm.sh (started by the ``local_slurm`` fixture, see conftest.py), on the smoke model and the built-in
 digits. What a real scheduler cannot show quickly (resources of a multi-GPU cluster, reruns that replace stuck
 tasks, damaged records) stays with the stand-ins of tests/training/test_experiment_slurm.py and tests/test_cluster.py.
@@ -6,26 +6,32 @@ tasks, damaged records) stays with the stand-ins of tests/training/test_experime
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from kpca.training.experiment.plan import load_plan
 from kpca.training.experiment.slurm import read_jobs
 from kpca.training.experiment.status import step_states
 from kpca.vision_cls.builtin_data import write_digits_imagefolder
-from tests.cli_support import CONFIGS, CPU
-from tests.slurm.support import LocalSlurm
+from tests.cli_support import CONFIGS, CPU, fit_command, smoke_options
+from tests.slurm.support import REPO, LocalSlurm
 from tests.test_cluster import clean_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
+LAUNCH_SLURM = REPO / "docker" / "launch_slurm.sh"
+RESTORED = re.compile(r"auto resume: restoring (\S+) \(step (\d+)\)")
 TINY_FIT = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
 PLAN_TIMEOUT_S = 240
+REQUEUE_TIMEOUT_S = 420
 TASK = "4294967294"  # jobcomp's ArrayTaskId of a job that is not an array task
 
 
@@ -147,3 +153,72 @@ def test_the_report_runs_after_a_failed_fit(
         assert f"| {bad.id} | fit | failed |" in text and f"| {good.id} | test | done |" in text, text
     finally:
         cancel(jobs)
+
+
+def test_launch_slurm_requeue_cycle_ends_with_the_weights_of_an_uninterrupted_run(
+    local_slurm: LocalSlurm, tmp_path: Path, digits_cache: Path
+):
+    """docker/launch_slurm.sh under sbatch with a 1-minute limit and SIGUSR1 10 s before it (Slurm sends it up to
+    30 s earlier, at its next time-limit check): Lightning saves hpc_ckpt_<n>.ckpt and requeues the job, the
+    requeued job runs the same command and resumes from it, until the fit ends; its weights are those of the same
+    command run without SLURM."""
+    epochs, batches = 4, 40  # over 50 s of training on 2 busy cores: the first run is signalled mid-fit
+    budget = [f"--trainer.max_epochs={epochs}", f"--trainer.limit_train_batches={batches}",
+              "--trainer.limit_val_batches=1"]  # fmt: skip
+    root, straight = tmp_path / "slurm", tmp_path / "straight"
+    reference = subprocess.Popen(
+        fit_command("vision_cls", [*smoke_options(SMOKE, straight, digits_cache), *budget]),
+        cwd=tmp_path, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    sbatch = ["sbatch", "--parsable", "--time=1", "--signal=USR1@10", "--nodes=1", "--ntasks-per-node=1",
+              "--gpus-per-node=0", "--cpus-per-task=2", str(LAUNCH_SLURM), "vision_cls", "fit",
+              *map(str, smoke_options(SMOKE, root, digits_cache)), *budget]  # fmt: skip
+    job = ""
+    try:
+        done = subprocess.run(sbatch, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        job = done.stdout.strip().split(";")[0]
+        released = []
+
+        def ended() -> bool:
+            if local_slurm.release_requeued(job):  # requeued: Slurm would hold it 2 minutes
+                released.append(time.monotonic())
+            return not local_slurm.queue([job])
+
+        local_slurm.wait(ended, f"job {job} ended", REQUEUE_TIMEOUT_S, tmp_path)
+        diagnostics = local_slurm.diagnostics(tmp_path)
+        log = (tmp_path / f"kpca-{job}.out").read_text()
+        runs = local_slurm.finished_tasks(job)[-1]
+        assert [run["JobState"] for run in runs][-1] == "COMPLETED", diagnostics
+        # jobcomp records a requeued run as PENDING (its state once requeued)
+        assert len(runs) >= 2 and all(run["JobState"] in ("PENDING", "REQUEUED") for run in runs[:-1]), diagnostics
+        hpc = sorted(root.glob("hpc_ckpt_*.ckpt"), key=lambda path: int(path.stem.rpartition("_")[2]))
+        restored = [(Path(path).name, int(step)) for path, step in RESTORED.findall(log)]
+        assert (
+            [name for name, _ in restored]
+            == [path.name for path in hpc]
+            == [f"hpc_ckpt_{n}.ckpt" for n in range(1, len(runs))]
+        ), diagnostics  # each requeued run resumed from the checkpoint the one before saved
+        steps = [step for _, step in restored]
+        assert steps == sorted(set(steps)) and steps[0] > 0 and steps[-1] < epochs * batches, diagnostics
+        run = root / "runs" / "lightning_logs"
+        assert sorted(path.name for path in run.iterdir()) == ["version_0"], diagnostics  # one run folder
+        _, stderr = reference.communicate(timeout=REQUEUE_TIMEOUT_S)
+        assert reference.returncode == 0, stderr[-3000:]
+        last = run / "version_0" / "checkpoints" / "last.ckpt"
+        expected = straight / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+        a, b = (torch.load(path, map_location="cpu", weights_only=True) for path in (last, expected))
+        assert a["global_step"] == b["global_step"] == epochs * batches
+        differences = {
+            name: (value.float() - b["state_dict"][name].float()).abs().max().item()
+            for name, value in a["state_dict"].items()
+            if not torch.equal(value, b["state_dict"][name])
+        }
+        assert a["state_dict"].keys() == b["state_dict"].keys()
+        assert not differences, f"{len(differences)} tensors differ, at most {max(differences.values())}: {differences}"
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+        reference.communicate()
+        if job:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)

@@ -8,7 +8,8 @@ import pytest
 import torch
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
-from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data import SequentialSampler
+from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from kpca.training.data import (
     ProjectDataModule,

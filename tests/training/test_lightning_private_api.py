@@ -15,6 +15,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.core.mixins import hparams_mixin
+from lightning.pytorch.loops import _FitLoop
+from lightning.pytorch.utilities import CombinedLoader
 
 
 def _parameters(function) -> list[str]:
@@ -57,6 +59,13 @@ def _instantiator_hparam() -> None:
         assert hparams_mixin._given_hyperparameters.get()["_instantiator"] == "some.instantiator"
 
 
+def _fit_loop_loader_states() -> None:
+    loop = _FitLoop(Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False))
+    assert loop._combined_loader_states_to_load == [] and loop._combined_loader is None and loop._data_fetcher is None
+    assert "self._combined_loader_states_to_load" in inspect.getsource(_FitLoop._load_combined_loader_states)
+    assert _parameters(CombinedLoader._load_state_dicts) == ["self", "states"]
+
+
 PRIVATE_NAMES = {
     "LightningCLI._prepare_subcommand_parser": (
         "kpca/training/cli.py ProjectCLI: test's verbose default",
@@ -82,6 +91,10 @@ PRIVATE_NAMES = {
     "Trainer._accelerator_connector": (
         "kpca/training/callbacks.py DeferredSlurmRequeue: the SLURM environment and its requeue signal",
         _accelerator_connector,
+    ),
+    "FitLoop._combined_loader_states_to_load": (
+        "kpca/training/loader_states.py load_pending_loader_states: the loader states Lightning leaves unapplied",
+        _fit_loop_loader_states,
     ),
     "hparams '_instantiator'": (
         "kpca/training/module.py NetModule and callbacks.py HParamsSummary: the key LightningCLI adds to hparams",
@@ -112,6 +125,7 @@ USED_AS = {
     "ModelCheckpoint._save_topk_checkpoint": "_save_topk_checkpoint",
     "ModelCheckpoint._last_global_step_saved": "_last_global_step_saved",
     "Trainer._accelerator_connector": "._accelerator_connector",
+    "FitLoop._combined_loader_states_to_load": "._combined_loader._load_state_dicts(",
     "hparams '_instantiator'": "_instantiator",
 }
 

@@ -1,5 +1,6 @@
 """The demo plan (``make demo``, configs/experiments/demo_vision.yaml), run end to end on a tiny budget (slow)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,11 +49,14 @@ def test_demo_plan_end_to_end_on_a_tiny_budget(tmp_path: Path, digits_cache_dir:
     assert [(model.strip(), layer.strip()) for model, layer in layers] == [
         (label, f"vit.blocks.{block}") for label in LABELS for block in (0, 1)
     ]
-    assert "(`--samples=32`) on the best checkpoint of seed 0 of each run" in kernel_pca
+    assert "(`--samples=32`) on the last checkpoint of seed 0 of each run" in kernel_pca
     for figure in ("comparison.png", "kernel_pca.png"):
         assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for kind in ("symmetric", "rpc"):  # both models are symmetric in every block (K, V rows only): SymViT's twin
         assert all((out / kind / "seed0" / f"{step}.done").is_file() for step in ("fit", "test", "analyze"))
+        for step in ("test", "analyze"):  # the test set is the validation set: no checkpoint chosen on it
+            record = json.loads((out / kind / "seed0" / f"{step}.done").read_text())
+            assert Path(record["checkpoint"]).name == "last.ckpt", record
         (best,) = (out / kind / "seed0" / "fit" / "checkpoints").glob("best-*.ckpt")
         checkpoint = torch.load(best, weights_only=True)
         rows = [w.shape[0] for k, w in checkpoint["state_dict"].items() if k.endswith("attn.qkv.weight")]

@@ -98,7 +98,13 @@ class ClassificationModule(NetModule):
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """Step, then update the EMA weights.
+
+        Inside the step, so that a checkpoint saved after the batch (by the callbacks' ``on_train_batch_end``, which
+        Lightning runs before the module's) holds the EMA of this step and a resumed fit does not miss its update.
+        """
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         if self.ema is not None:
             self.ema.update(self.net, step=self.global_step)
 

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from kpca.training.data_check import DataError, DataProblem
+from kpca.training.resumable import training_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class BadFilesMonitor(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Merge the ranks' flags and log their count."""
-        dataset = getattr(trainer.train_dataloader, "dataset", None)
+        dataset = training_dataset(trainer.train_dataloader)
         if not isinstance(dataset, NamedFileErrors) or dataset.mode != "skip":
             return
         flags = dataset.flags.to(pl_module.device, copy=True)  # (N,)

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from kpca.training.data_check import DataProblem
+from kpca.training.resumable import ResumableLoader, resumable_loader
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -233,8 +235,13 @@ class ProjectDataModule(pl.LightningDataModule):
         sampler: Sampler | None = None,
         drop_last: bool = True,
         collate_fn: Callable[[list], Any] | None = None,
-    ) -> DataLoader:
-        """Training batches of the per-device size, shuffled unless ``sampler`` orders them.
+    ) -> ResumableLoader:
+        """Training batches of the per-device size, shuffled unless ``sampler`` orders them, resumable mid-epoch.
+
+        The loader is a :class:`kpca.training.resumable.ResumableLoader`: a checkpoint taken mid-epoch holds its
+        position, its sampler's epoch, its generators (the shuffled order and the workers' base seeds, seeded from
+        ``PL_GLOBAL_SEED`` and the rank) and each worker's RNG states, so a resumed fit loads the batches and
+        draws the worker-side augmentations of the uninterrupted one.
 
         Args:
             dataset: the training set.
@@ -243,7 +250,13 @@ class ProjectDataModule(pl.LightningDataModule):
             drop_last: drop the last partial batch.
             collate_fn: how samples become a batch; None: PyTorch's default.
         """
-        return self._loader(dataset, self.batch_size_per_device, sampler is None, sampler, drop_last, collate_fn)
+        trainer = self.trainer
+        args = self._loader_args(self.batch_size_per_device, drop_last, collate_fn)
+        if trainer is None:
+            return resumable_loader(dataset, 0, sampler is None, sampler, **args)
+        return resumable_loader(
+            dataset, trainer.global_rank, sampler is None, sampler, lambda: trainer.num_training_batches, **args
+        )
 
     def eval_loader(self, dataset: Dataset, collate_fn: Callable[[list], Any] | None = None) -> DataLoader:
         """Evaluation batches of ``eval_batch_size`` (default the per-device training batch), in order.
@@ -256,23 +269,18 @@ class ProjectDataModule(pl.LightningDataModule):
         if trainer is not None and trainer.world_size > 1:
             sampler = UnpaddedDistributedSampler(dataset, trainer.world_size, trainer.global_rank)
         batch_size = self.eval_batch_size or self.batch_size_per_device
-        return self._loader(dataset, batch_size, False, sampler, False, collate_fn)
+        # Its own generator: the workers' base seed is not drawn from the global RNG, whose draws a resumed fit
+        # must repeat (persistent workers draw it at the first iteration, which a resumed fit makes later).
+        args = self._loader_args(batch_size, False, collate_fn)
+        return DataLoader(dataset, sampler=sampler, generator=torch.Generator(), **args)
 
-    def _loader(
-        self,
-        dataset: Dataset,
-        batch_size: int,
-        shuffle: bool,
-        sampler: Sampler | None,
-        drop_last: bool,
-        collate_fn: Callable[[list], Any] | None,
-    ) -> DataLoader:
+    def _loader_args(
+        self, batch_size: int, drop_last: bool, collate_fn: Callable[[list], Any] | None
+    ) -> dict[str, Any]:
+        """The ``DataLoader`` arguments (but dataset, order and generator) with the datamodule's workers."""
         workers = self.num_workers
-        return DataLoader(
-            dataset,
+        return dict(
             batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
             drop_last=drop_last,
             collate_fn=collate_fn,
             num_workers=workers,

@@ -9,12 +9,21 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
+from kpca.training.loader_states import load_pending_loader_states
+
 
 class RNGStateCheckpointing:
     """LightningModule mixin: save every rank's torch / CUDA / NumPy / Python RNG states and restore them on resume.
 
     Put it before ``LightningModule`` in the bases: ``class M(RNGStateCheckpointing, pl.LightningModule)``.
+    At ``on_train_start`` it also applies the training loaders' states of a mid-epoch checkpoint that Lightning
+    left pending (:func:`kpca.training.loader_states.load_pending_loader_states`), so that the data order resumes
+    with the random numbers.
     """
+
+    def on_train_start(self) -> None:
+        """Apply the checkpoint's pending training loader states before the first batch is fetched."""
+        load_pending_loader_states(self.trainer)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Store every rank's RNG states, so that a resumed run draws the same augmentations, Mixup and drop paths.

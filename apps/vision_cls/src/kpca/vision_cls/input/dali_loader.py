@@ -123,6 +123,15 @@ class DaliTrainLoader:
     epoch left early (``limit_train_batches``) is dropped with its pipeline; the next ``iter()`` starts the next
     epoch's list.
 
+    It does not resume mid-epoch, so it has no ``state_dict`` and Lightning's warning "your dataloader is not
+    resumable" stays true for it: a resume from an end-of-epoch checkpoint is exact (the next epoch's list and
+    :func:`epoch_seed` depend only on the seed, the rank and the epoch), but from a mid-epoch checkpoint (the SLURM
+    requeue's hpc checkpoint, ``every_n_train_steps``) the interrupted epoch is read again from its first batch and
+    stops after the batches it had left, so its first ``k`` batches are seen twice and its last ``k`` not at all. The
+    order alone could be resumed (skip ``k`` batches of the list), but the random operators could not: the pipeline
+    draws per sample from generators seeded by :func:`epoch_seed` at its build, so a pipeline started at batch
+    ``k`` would augment it with batch 0's draws; that needs DALI's own checkpointing of the pipeline.
+
     Args:
         samples: ``(path, label)`` of every training image (:func:`image_folder_samples`).
         sampler: This rank's sampler over ``samples`` (a ``DistributedSampler`` or a subclass).
