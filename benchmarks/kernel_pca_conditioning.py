@@ -21,6 +21,7 @@ import yaml
 from kpca.training.analysis import analyze_network
 from kpca.training.trainer import first_inputs
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.eval_data import EvalData
 from kpca.vision_cls.module import ClassificationModule
 
 METRICS = ("gamma_spread", "eigen_residual", "projection_loss")
@@ -52,7 +53,8 @@ def main() -> None:
     summary = json.loads((args.fit_folder / "fit_summary.json").read_text(encoding="utf-8"))
     config = yaml.safe_load((args.fit_folder / "config.yaml").read_text(encoding="utf-8"))
     net = ClassificationModule.load_from_checkpoint(summary["best_model_path"], map_location="cpu").net.eval()
-    inputs = first_inputs(ImageNetDataModule(**config["data"]), "val", args.samples)
+    data = {**config["data"], "eval": EvalData(**config["data"].get("eval") or {})}
+    inputs = first_inputs(ImageNetDataModule(**data), "val", args.samples)
     base = layer_summaries(net, inputs)
     state = {name: value.clone() for name, value in net.state_dict().items()}
     print(f"| eps | seed | layer | {' | '.join(f'{m} (rel. change)' for m in METRICS)} |")

@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention
-from kpca.language_model.model import CausalTransformerLM, sinusoidal_positions
+from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention, swap_attention
+from kpca.language_model.model import ACTIVATIONS, Activation, CausalTransformerLM, sinusoidal_positions
+from kpca.training.choices import choices
 
 RPC_ALL = AttentionSpec(kind="rpc", n_iter=2, layers="all")
 SPECS = {
@@ -115,8 +116,9 @@ def test_top_k_sampling_is_seeded_and_stays_in_the_top_k():
     ("kwargs", "message"),
     [
         ({"width": 30}, "divisible by num_heads"),
-        ({"norm_position": "middle"}, "norm_position"),
-        ({"positions": "rotary"}, "positions"),
+        ({"norm_position": "middle"}, "norm_position='middle' is not one of 'pre', 'post'"),
+        ({"positions": "rotary"}, "positions='rotary' is not one of 'sinusoidal', 'learned'"),
+        ({"output": "hierarchical"}, "output='hierarchical' is not one of 'softmax', 'adaptive'"),
         ({"vocab_size": 1}, "vocab_size"),
     ],
 )
@@ -153,8 +155,9 @@ def test_relu_and_bias_free_attention_as_the_authors():
     ffn = model.blocks[0].ffn.eval()
     x = torch.randn(2, 3, 32, dtype=torch.float64)
     torch.testing.assert_close(ffn(x), ffn.fc2(torch.relu(ffn.fc1(x))))
-    with pytest.raises(ValueError, match="activation"):
+    with pytest.raises(ValueError, match="activation='swish' is not one of 'gelu', 'relu'"):
         tiny(activation="swish")
+    assert tuple(ACTIVATIONS) == choices(Activation)  # a function for every choice, and no other
 
 
 def test_log_probabilities_of_the_softmax_head_normalise_and_give_its_nll():
@@ -213,3 +216,18 @@ def test_parameter_count_of_the_published_model_with_the_adaptive_softmax():
         attention_bias=False, activation="relu",
     )  # fmt: skip
     assert sum(p.numel() for p in model.parameters()) == vocab * width + depth * per_block + head + tails
+
+
+@pytest.mark.parametrize("spec", [AttentionSpec(kind="symmetric"), AttentionSpec(kind="rpc", n_iter=2, layers=[1])])
+def test_attention_built_per_block_is_what_a_swap_gives_but_a_swap_would_draw_other_weights(spec: AttentionSpec):
+    """Why the LM builds attention per block instead of swapping it as the ViTs do (CausalTransformerLM's docstring)."""
+    torch.manual_seed(0)
+    built = tiny(spec)
+    torch.manual_seed(0)
+    swapped = tiny(AttentionSpec(kind="softmax"))
+    swap_attention(swapped, spec)
+    assert [type(b.attn) for b in built.blocks] == [type(b.attn) for b in swapped.blocks]
+    assert all(b.attn.is_causal for b in swapped.blocks)
+    layout = {name: tensor.shape for name, tensor in built.state_dict().items()}
+    assert layout == {name: tensor.shape for name, tensor in swapped.state_dict().items()}
+    assert not torch.equal(built.blocks[1].attn.qkv.weight, swapped.blocks[1].attn.qkv.weight)

@@ -157,7 +157,10 @@ def test_past_max_bad_fraction_the_run_stops_naming_every_damaged_file(tmp_path:
 
 @pytest.mark.parametrize(
     ("bad_files", "fraction", "match"),
-    [("ignore", 0.1, r"data.bad_files='ignore' must be 'error' .* or 'skip'"), ("skip", 1.5, r"max_bad_fraction=1.5")],
+    [
+        ("ignore", 0.1, r"data.bad_files='ignore' is not one of 'error', 'skip'; 'error' stops .*; 'skip' trains"),
+        ("skip", 1.5, r"max_bad_fraction=1.5"),
+    ],
 )
 def test_options_are_checked(bad_files: str, fraction: float, match: str):
     with pytest.raises(ValueError, match=match):

@@ -181,7 +181,7 @@ def fit_regression(module: Regression, callbacks: list[pl.Callback], max_steps: 
 
 
 def test_nonfinite_loss_rejects_an_unknown_action():
-    with pytest.raises(ValueError, match="'stop' or 'skip'"):
+    with pytest.raises(ValueError, match="action='bogus' is not one of 'stop', 'skip'"):
         NonFiniteLoss("bogus")
 
 

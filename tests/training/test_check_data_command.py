@@ -14,6 +14,7 @@ import pytest
 from lightning.pytorch.demos.boring_classes import BoringModel
 from PIL import Image
 
+from kpca.training import data_check
 from kpca.training.cli import ProjectCLI
 from kpca.training.data import ProjectDataModule
 from kpca.training.data_check import DataCheckResult, DataProblem, run_data_check
@@ -141,14 +142,38 @@ class FilesData(ProjectDataModule):
         return len(files), empty
 
 
-def test_run_data_check_sets_the_workers_and_times_the_check(tmp_path: Path):
+class Clock:
+    """A ``time.perf_counter`` stand-in that moves only when told to."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class TimedFilesData(FilesData):
+    """FilesData whose check takes ``seconds`` on ``clock`` (it advances the clock while it runs)."""
+
+    def __init__(self, folder: str, clock: Clock, seconds: float) -> None:
+        super().__init__(folder, num_workers=3)
+        self.clock, self.seconds = clock, seconds
+
+    def check_data(self, progress: bool = True) -> tuple[int, list[DataProblem]]:
+        self.clock.now += self.seconds
+        return super().check_data(progress)
+
+
+def test_run_data_check_sets_the_workers_and_times_the_check(tmp_path: Path, monkeypatch):
     (tmp_path / "a.txt").write_text("a")
     (tmp_path / "b.txt").touch()
-    data = FilesData(str(tmp_path), num_workers=3)
+    clock = Clock(100.0)
+    monkeypatch.setattr(data_check, "time", clock)  # the module's clock only, not the time module
+    data = TimedFilesData(str(tmp_path), clock, seconds=2.5)
     result = run_data_check(data, workers=1, progress=False)
     assert data.num_workers == 1
     assert (result.files, [Path(p.path).name for p in result.problems]) == (2, ["b.txt"])
-    assert result.seconds >= 0
+    assert result.seconds == 2.5  # the clock read before and after the check, nothing else
     with pytest.raises(ValueError, match="--workers=-1"):
         run_data_check(data, workers=-1)
 

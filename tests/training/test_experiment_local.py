@@ -33,7 +33,8 @@ SMOKE = REPO / "configs" / "vision_cls" / "smoke.yaml"
 KPCA_EXPERIMENT = Path(sys.executable).parent / "kpca-experiment"
 TIMEOUT = 600.0
 TINY_TEST = [
-    "--data.eval_subset=16", "--data.severities=[1]", '--model.evaluator.attacks=[{"name": "fgsm", "eps": [0.0078]}]',
+    "--data.eval.subset=16", "--data.eval.severities=[1]",
+    '--model.evaluator.attacks=[{"name": "fgsm", "eps": [0.0078]}]',
 ]  # fmt: skip
 """The test step cut down: 16 images, one corruption at one severity, one FGSM radius."""
 

@@ -42,7 +42,7 @@ def plan_dict(**changes: object) -> dict:
         ],  # fmt: skip
         "steps": [
             {"name": "fit"},
-            {"name": "test", "ckpt": "last", "configs": [str(PUBLISHED)], "overrides": ["--data.eval_subset=8"]},
+            {"name": "test", "ckpt": "last", "configs": [str(PUBLISHED)], "overrides": ["--data.eval.subset=8"]},
             {"name": "analyze", "overrides": ["--samples=4"]},
         ],
         "report": {"task": "vision_cls", "title": "tiny", "headlines": {"clean": ["clean/acc1"]}},
@@ -94,7 +94,7 @@ def test_step_argv_orders_configs_folders_seed_overrides_and_checkpoint(tmp_path
     test = step_argv(plan, run, "test", checkpoint)
     assert test[:7] == ["test", "-c", str(CPU), "-c", str(SMOKE), "-c", str(PUBLISHED)]
     assert "--trainer.logger.init_args.version=test" in test
-    assert test[-3:] == ["--data.eval_subset=8", "--trainer.max_steps=2", f"--ckpt_path={checkpoint}"]
+    assert test[-3:] == ["--data.eval.subset=8", "--trainer.max_steps=2", f"--ckpt_path={checkpoint}"]
     analyze = step_argv(plan, run, "analyze", checkpoint)
     assert analyze[-3:] == ["--trainer.max_steps=2", f"--ckpt_path={checkpoint}", f"--out_dir={run.folder / 'analyze'}"]
     assert analyze.index("--samples=4") < analyze.index("--trainer.max_steps=2")  # step overrides, then the plan's

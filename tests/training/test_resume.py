@@ -80,7 +80,9 @@ def test_checkpoint_problem_names_a_missing_file(tmp_path):
 
 
 def test_checkpoint_problem_names_a_folder(tmp_path):
-    assert checkpoint_problem(tmp_path) is not None
+    """A folder given as ``--ckpt_path`` exists: the problem says it is a folder, not that it is missing."""
+    problem = checkpoint_problem(tmp_path)
+    assert problem is not None and "folder" in problem and "does not exist" not in problem
 
 
 def test_checkpoint_problem_names_an_empty_file(tmp_path):
@@ -99,7 +101,7 @@ def test_checkpoint_problem_names_a_truncated_file(tmp_path):
 def test_checkpoint_problem_names_a_text_file(tmp_path):
     path = tmp_path / "notes.ckpt"
     path.write_text("not a checkpoint\n", encoding="utf-8")
-    assert checkpoint_problem(path) is not None
+    assert "not a checkpoint (File is not a zip file)" in checkpoint_problem(path)
 
 
 def test_checkpoint_problem_names_a_zip_without_pickle(tmp_path):

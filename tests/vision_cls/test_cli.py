@@ -255,7 +255,7 @@ def test_two_process_ddp_validate_and_test_count_every_image_once(
     """9 evaluation images on 2 ranks (5 + 4, no padding): DDP metrics equal one process's, report for report."""
     last = Path(short_fit.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     options = [
-        "--data.eval_subset=9", f"--ckpt_path={last}", "--model.evaluator.attack_batches=null",
+        "--data.eval.subset=9", f"--ckpt_path={last}", "--model.evaluator.attack_batches=null",
         '--model.evaluator.attacks=[{"name": "fgsm", "eps": [0.03137255]}]',  # deterministic, unlike PGD's start
     ]  # fmt: skip
     ddp_root, single_root = tmp_path / "ddp", tmp_path / "single"

@@ -14,7 +14,8 @@ from torchvision import transforms
 from kpca.training.data import require_datamodule
 from kpca.vision_cls.builtin_data import write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset
-from kpca.vision_cls.data import EvalSet, ImageNetDataModule, VisionData
+from kpca.vision_cls.data import ImageNetDataModule, VisionData
+from kpca.vision_cls.eval_data import EvalData, EvalSet
 from kpca.vision_cls.input.random_erasing import PixelSpaceRandomErasing
 from kpca.vision_cls.input.samplers import RepeatAugSampler
 
@@ -134,11 +135,17 @@ def test_setup_splits_the_global_batch(imagenet: Path):
 
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="Unknown corruption.*'gausian_noise'"):
-        ImageNetDataModule(builtin="digits", corruptions=("gausian_noise",))
+        ImageNetDataModule(builtin="digits", eval=EvalData(corruptions=("gausian_noise",)))
     with pytest.raises(ValueError, match=r"Severities \[6\]"):
-        ImageNetDataModule(builtin="digits", severities=(6,))
+        ImageNetDataModule(builtin="digits", eval=EvalData(severities=(6,)))
     with pytest.raises(ValueError, match="repeated_aug=0"):
         ImageNetDataModule(builtin="digits", repeated_aug=0)
+    with pytest.raises(ValueError, match=r"data.builtin='cifar' is not one of 'digits'; choose it, or set data.root"):
+        ImageNetDataModule(builtin="cifar")
+    with pytest.raises(ValueError, match=r"data.re_mode='zero' is not one of 'pixel', 'rand', 'const'"):
+        ImageNetDataModule(builtin="digits", re_mode="zero")
+    with pytest.raises(ValueError, match=r"data.interpolation='lanczos' is not one of 'bicubic', 'bilinear', 'near"):
+        ImageNetDataModule(builtin="digits", interpolation="lanczos")
 
 
 def epoch_indices(sampler_cls: type, n: int, replicas: int, epoch: int = 0, **kwargs) -> list[list[int]]:
@@ -232,12 +239,13 @@ def robustness(tmp_path: Path, imagenet: Path) -> dict[str, str]:
     make_tree(tmp_path / "a", A_WNIDS, per_class=1)
     make_tree(tmp_path / "r", [R_WNID], per_class=2)
     make_tree(tmp_path / "o", A_WNIDS, per_class=1)
-    paths = {f"imagenet_{k}_root": str(tmp_path / k) for k in "caro"}
-    return {"root": str(imagenet), **paths}
+    return {"root": str(imagenet), **{f"imagenet_{k}": str(tmp_path / k) for k in "caro"}}
 
 
 def test_eval_sets_order_and_loaders(robustness: dict[str, str]):
-    dm = ImageNetDataModule(**robustness, **FAST, corruptions=("speckle_noise",), severities=(1, 2))
+    roots = {key: path for key, path in robustness.items() if key != "root"}
+    eval_data = EvalData(**roots, corruptions=("speckle_noise",), severities=(1, 2))
+    dm = ImageNetDataModule(root=robustness["root"], eval=eval_data, **FAST)
     assert [s.name for s in dm.eval_sets] == [
         "clean",
         "corrupted/speckle_noise/1",
@@ -277,22 +285,22 @@ def test_eval_sets_order_and_loaders(robustness: dict[str, str]):
 @pytest.mark.parametrize(("kind", "folders"), [("a", [NOT_A_WNID]), ("r", A_WNIDS), ("o", [NOT_A_WNID, A_WNIDS[0]])])
 def test_a_robustness_root_of_another_set_is_refused(tmp_path: Path, imagenet: Path, kind: str, folders: list[str]):
     make_tree(tmp_path / kind, folders, per_class=1)
-    dm = ImageNetDataModule(root=str(imagenet), **{f"imagenet_{kind}_root": str(tmp_path / kind)}, **FAST)
+    dm = ImageNetDataModule(root=str(imagenet), eval=EvalData(**{f"imagenet_{kind}": str(tmp_path / kind)}), **FAST)
     with pytest.raises(
-        ValueError, match=rf"class folders that are not imagenet_{kind} wnids .*data.imagenet_{kind}_root"
+        ValueError, match=rf"class folders that are not imagenet_{kind} wnids .*point data\..*imagenet_{kind}"
     ):
         dm.prepare_data()
 
 
 def test_eval_subset_spreads_over_classes(robustness: dict[str, str]):
-    dm = ImageNetDataModule(root=robustness["root"], **FAST, eval_subset=3)
+    dm = ImageNetDataModule(root=robustness["root"], **FAST, eval=EvalData(subset=3))
     dm.setup("test")
     assert [label for _, label in dm.test_sets[0]] == [0, 1, 2]
 
 
 def test_imagenet_c_layout_errors(tmp_path: Path, imagenet: Path):
     make_tree(tmp_path / "c" / "fog" / "1", WNIDS, per_class=1)
-    dm = ImageNetDataModule(root=str(imagenet), imagenet_c_root=str(tmp_path / "c"), severities=(1, 2))
+    dm = ImageNetDataModule(root=str(imagenet), eval=EvalData(imagenet_c=str(tmp_path / "c"), severities=(1, 2)))
     with pytest.raises(FileNotFoundError, match=r"fog/2 is not a directory.*<corruption>/<severity>/<wnid>"):
         dm.prepare_data()
     (tmp_path / "c" / "fogg").mkdir()
@@ -308,7 +316,9 @@ def test_imagenet_c_images_are_only_center_cropped_as_in_the_benchmark(tmp_path:
     (folder / WNIDS[2]).mkdir()
     Image.fromarray(rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)).save(folder / WNIDS[2] / "0.png")
     dm = ImageNetDataModule(
-        root=str(imagenet), imagenet_c_root=str(tmp_path / "c"), severities=(3,), **{**FAST, "image_size": 224}
+        root=str(imagenet),
+        eval=EvalData(imagenet_c=str(tmp_path / "c"), severities=(3,)),
+        **{**FAST, "image_size": 224},
     )
     dm.setup("test")
     dataset = dm.test_sets[dm.eval_sets.index(EvalSet("imagenet_c/fog/3", "imagenet_c", "fog", 3))]
@@ -323,16 +333,15 @@ def test_imagenet_c_images_larger_than_image_size_are_center_cropped_and_smaller
     tmp_path: Path, imagenet: Path
 ):
     make_tree(tmp_path / "c" / "fog" / "1", WNIDS, per_class=1, size=(40, 48))  # (H, W)
-    dm = ImageNetDataModule(root=str(imagenet), imagenet_c_root=str(tmp_path / "c"), severities=(1,), **FAST)
+    imagenet_c = EvalData(imagenet_c=str(tmp_path / "c"), severities=(1,))
+    dm = ImageNetDataModule(root=str(imagenet), eval=imagenet_c, **FAST)
     dm.setup("test")
     dataset = dm.test_sets[-1]
     path, _ = dataset.samples[0]
     with Image.open(path) as file:
         expected = transforms.ToTensor()(file.convert("RGB"))[:, 4:36, 8:40]  # the centre 32 x 32
     assert torch.equal(dataset[0][0], expected)
-    small = ImageNetDataModule(
-        root=str(imagenet), imagenet_c_root=str(tmp_path / "c"), severities=(1,), **{**FAST, "image_size": 44}
-    )
+    small = ImageNetDataModule(root=str(imagenet), eval=imagenet_c, **{**FAST, "image_size": 44})
     small.setup("test")
     with pytest.raises(ValueError, match=r"fog/1 holds a 48x40 image, smaller than data.image_size=44.* at most 40"):
         small.test_sets[-1][0]
@@ -340,7 +349,7 @@ def test_imagenet_c_images_larger_than_image_size_are_center_cropped_and_smaller
 
 def test_on_the_fly_corruptions_run_after_the_eval_resize_and_crop(imagenet: Path):
     dm = ImageNetDataModule(
-        root=str(imagenet), **FAST, crop_pct=0.875, corruptions=("gaussian_noise",), severities=(3,)
+        root=str(imagenet), **FAST, crop_pct=0.875, eval=EvalData(corruptions=("gaussian_noise",), severities=(3,))
     )
     dm.setup("test")
     corrupted = dm.test_sets[1]

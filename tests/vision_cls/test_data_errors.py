@@ -14,6 +14,7 @@ from kpca.training.bad_files import BAD_FILES_METRIC
 from kpca.training.data_check import DataError, DataProblem
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.eval_data import EvalData
 from tests.cli_support import CONFIGS, run_cli, smoke_options
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
@@ -151,7 +152,9 @@ def test_check_data_lists_every_problem_with_its_path(
     write_tree(corruptions / "fog", "1", 1)
     truncate(corruptions / "fog" / "1" / CLASSES[8] / "0.JPEG")
     data = ImageNetDataModule(
-        root=str(imagenet), **{**FAST, "num_workers": workers}, imagenet_c_root=str(corruptions), severities=(1, 2)
+        root=str(imagenet),
+        **{**FAST, "num_workers": workers},
+        eval=EvalData(imagenet_c=str(corruptions), severities=(1, 2)),
     )
     checked, problems = data.check_data(progress=False)
     assert checked == 36 + 20 + 10
@@ -164,7 +167,7 @@ def test_check_data_lists_every_problem_with_its_path(
         (str(corruptions / "fog" / "1" / CLASSES[8] / "0.JPEG"), "imagenet_c/fog/1"),
     ]
     assert problems[0].problem.startswith(f"class folder of {imagenet / 'train'} holds no image file")
-    assert problems[1].problem == "severity folder 2 is missing (data.severities lists it)"
-    assert problems[1].fix == "Add it from the ImageNet-C release, or drop 2 from data.severities."
+    assert problems[1].problem == "severity folder 2 is missing (data.eval.severities lists it)"
+    assert problems[1].fix == "Add it from the ImageNet-C release, or drop 2 from data.eval.severities."
     assert all(p.problem.startswith(truncated) for p in problems[2:])
     assert "data.bad_files=skip" in problems[2].fix and "evaluation never skips" in problems[3].fix

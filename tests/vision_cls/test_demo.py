@@ -20,8 +20,8 @@ def test_demo_plan_end_to_end_on_a_tiny_budget(tmp_path: Path, digits_cache_dir:
         [
             f"--data.cache_dir={digits_cache_dir}", "--model.net.init_args.embed_dim=32",
             "--model.net.init_args.depth=2", "--model.net.init_args.num_heads=2", "--trainer.max_epochs=1",
-            "--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=1", "--data.eval_subset=16",
-            "--data.corruptions=[gaussian_noise]",
+            "--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=1", "--data.eval.subset=16",
+            "--data.eval.corruptions=[gaussian_noise]",
             '--model.evaluator.attacks=[{"name": "fgsm", "eps": [0.0627451]}, {"name": "pgd", "eps": [0.0627451], '
             '"steps": 2}]',
         ],

@@ -78,6 +78,11 @@ def test_uint8_to_unit_refuses_float_images():
         uint8_to_unit(torch.zeros(3, 4, 4))
 
 
+def test_an_unknown_fill_mode_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"mode='zeros' is not one of 'pixel', 'rand', 'const'; choose one of timm's"):
+        BatchRandomErasing(1.0, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, mode="zeros")
+
+
 def test_device_path_without_erasing_equals_the_reference_transform():
     reference = ImageNetDataModule(builtin="digits", image_size=16, re_prob=0.0, augment_on="workers")
     device = ImageNetDataModule(builtin="digits", image_size=16, re_prob=0.0, augment_on="device")
@@ -140,11 +145,15 @@ def test_device_train_augment_follows_re_prob():
     assert isinstance(augment, DeviceTrainAugment) and augment.erasing.mode == "rand"
 
 
-def test_evaluation_transform_is_unchanged_by_augment_on():
-    image = random_photo(size=(40, 40))
-    on = ImageNetDataModule(builtin="digits", image_size=32, augment_on="device")._eval_transform()(image)
-    off = ImageNetDataModule(builtin="digits", image_size=32, augment_on="workers")._eval_transform()(image)
-    assert on.dtype == torch.float32 and torch.equal(on, off)
+def test_evaluation_images_are_unchanged_by_augment_on(digits_cache_dir: Path):
+    images = []
+    for augment_on in ("device", "workers"):
+        dm = ImageNetDataModule(
+            builtin="digits", cache_dir=str(digits_cache_dir), image_size=32, num_workers=0, augment_on=augment_on
+        )
+        dm.setup("validate")
+        images.append(dm.val_set[0][0])  # resized to 36 (crop_pct 0.875), center-cropped to 32, float
+    assert images[0].dtype == torch.float32 and torch.equal(*images)
 
 
 @pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")

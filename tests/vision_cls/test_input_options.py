@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from kpca.training.choices import choices
 from kpca.vision_cls import data as data_module
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input.dali_loader import DaliTrainLoader
-from kpca.vision_cls.input.options import REPLACED_OPTIONS, check_input_options, replaced_option_hint
+from kpca.vision_cls.input.options import AUGMENT_ON, INPUT_PATHS, AugmentOn, InputPath, check_input_options
+from kpca.vision_cls.replaced_options import REPLACED_OPTIONS, replaced_option_hint
 from tests.cli_support import CONFIGS, CPU, run_cli
 
 DEIT = "rand-m9-mstd0.5-inc1"
@@ -59,6 +61,10 @@ def test_the_datamodule_runs_the_check():
         ImageNetDataModule(builtin="digits", input="pil")
     with pytest.raises(ValueError, match="not builtin='digits'"):
         ImageNetDataModule(builtin="digits", input="dali")
+
+
+def test_every_choice_has_its_description_and_no_other():
+    assert tuple(INPUT_PATHS) == choices(InputPath) and tuple(AUGMENT_ON) == choices(AugmentOn)
 
 
 def test_parser_messages_get_the_new_spelling():

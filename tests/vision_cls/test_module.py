@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader
 from kpca.attention import AttentionSpec
 from kpca.vision_cls.attacks import AttackSpec, eps_from_255
 from kpca.vision_cls.cli import main
-from kpca.vision_cls.data import EvalSet, ImageNetDataModule
+from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.eval_data import EvalData, EvalSet
 from kpca.vision_cls.evaluation import RobustnessEvaluator
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
@@ -61,7 +62,7 @@ def test_training_step_without_mixup_is_label_smoothed_cross_entropy(monkeypatch
     images, labels = fake_batch()
     loss = module.training_step((images, labels), 0)
     torch.testing.assert_close(loss, F.cross_entropy(module.net(images), labels, label_smoothing=0.1))
-    assert logged["train/loss"] is loss
+    assert logged["train/loss"] is module.train_loss and module.train_loss.compute() == loss.detach()
     loss.backward()
     assert_all_grads_finite(module.net)
 
@@ -112,7 +113,7 @@ def fitted(digits_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     )  # fmt: skip
     data = ImageNetDataModule(
         builtin="digits", cache_dir=str(digits_cache_dir), batch_size=16, num_workers=0, image_size=32,
-        crop_pct=1.0, repeated_aug=1, pin_memory=False, eval_subset=16,
+        crop_pct=1.0, repeated_aug=1, pin_memory=False, eval=EvalData(subset=16),
     )  # fmt: skip
     recorder = StepRecorder(decay=0.5)
     trainer = Trainer(

@@ -5,6 +5,7 @@ on a two-class tree cut from the digits and test the checkpoint twice, with ``at
 smoke config's own attacks, then compare them with ``kpca-report``.
 """
 
+import copy
 import csv
 import json
 import shutil
@@ -76,13 +77,30 @@ def test_the_defaults_name_each_difference_from_the_authors_protocol(capsys):
 
 def test_a_partial_imagenet_c_is_not_the_published_mean(capsys):
     config = printed_config(
-        capsys, main, "vision-cls", "-c", CPU, "-c", IMAGENET_CONFIGS[0], "--data.severities=[1, 2]"
+        capsys, main, "vision-cls", "-c", CPU, "-c", IMAGENET_CONFIGS[0], "--data.eval.severities=[1, 2]"
     )
     (protocol,) = ROBUSTNESS_REPORT.protocol_of(config, ["imagenet_c/mean_acc1"]).values()
     assert protocol.differences == (
         "severities=[1, 2] (published: [1, 2, 3, 4, 5])",
         "not all 15 corruptions x 5 severities ran (no imagenet_c/mCE), the mean is over those found",
     )
+
+
+def test_a_config_saved_before_the_data_eval_group_keeps_its_protocol(capsys):
+    config = printed_config(
+        capsys, main, "vision-cls", "-c", GPU, "-c", IMAGENET_CONFIGS[0], "-c", ATTACKS / "published.yaml",
+        "--trainer.precision=32-true", "--data.eval.severities=[1, 2]",
+    )  # fmt: skip
+    old = copy.deepcopy(config)
+    group = old["data"].pop("eval")
+    old["data"] |= {"eval_subset": group["subset"], "severities": group["severities"]}  # the flat keys it replaced
+    assert texts(old) == texts(config)
+    assert "severities=[1, 2] (published: [1, 2, 3, 4, 5])" in texts(old)["imagenet_c"]
+    subset = "eval.subset=8 (published: null (every image))"
+    old["data"]["eval_subset"] = 8
+    assert subset in texts(old)["clean"]
+    config["data"]["eval"]["subset"] = 8
+    assert subset in texts(config)["clean"]
 
 
 def two_class_tree(digits: Path, root: Path) -> Path:
@@ -109,7 +127,7 @@ def hparams(run_dir: Path) -> dict[str, str]:
 def test_published_and_default_test_runs_are_tagged_and_never_averaged(tmp_path, digits_cache_dir, capsys):
     tree = two_class_tree(digits_cache_dir / "digits-32px", tmp_path / "tree")
     options = smoke_options(
-        SMOKE, tmp_path, digits_cache_dir, "--data.builtin=null", f"--data.root={tree}", "--data.eval_subset=null",
+        SMOKE, tmp_path, digits_cache_dir, "--data.builtin=null", f"--data.root={tree}", "--data.eval.subset=null",
         "--data.crop_pct=0.875", "--data.batch_size=2", "--trainer.log_every_n_steps=1",
     )  # fmt: skip
     fit = run_cli(main, "vision-cls", "fit", *options)

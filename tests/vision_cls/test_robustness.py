@@ -9,6 +9,7 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.eval_data import EvalData
 from kpca.vision_cls.evaluation import RobustnessEvaluator
 from kpca.vision_cls.robustness import (
     ALEXNET_ERRORS,
@@ -227,7 +228,7 @@ def test_imagenet_c_folder_with_extras_averages_the_benchmark_corruptions_only(t
     make_tree(tmp_path / "c" / "fog" / "1", WNIDS, per_class=1)  # class 0 is 1 image of 3
     make_tree(tmp_path / "c" / "speckle_noise" / "1", WNIDS, per_class=1)
     make_tree(tmp_path / "c" / "speckle_noise" / "1", WNIDS[:1], per_class=3)  # class 0 is 3 images of 5
-    dm = ImageNetDataModule(root=str(root), imagenet_c_root=str(tmp_path / "c"), severities=(1,), **FAST)
+    dm = ImageNetDataModule(root=str(root), eval=EvalData(imagenet_c=str(tmp_path / "c"), severities=(1,)), **FAST)
     dm.setup("test")
     evaluator = RobustnessEvaluator()
     evaluator.start(dm.eval_sets, 3, torch.device("cpu"))

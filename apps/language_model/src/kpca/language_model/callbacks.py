@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 class SampleText(pl.Callback):
-    """After every ``every_n_epochs``-th validation, continue the datamodule's prompts and log them as TensorBoard text.
+    """After every every_n_epochs-th validation, continue the datamodule's prompts and log them as TensorBoard text.
 
     Tag ``samples/text``; decoding follows the module's ``generation`` settings.
     """

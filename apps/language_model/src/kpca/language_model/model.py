@@ -18,15 +18,20 @@ from torch import nn
 
 from kpca.attention import AttentionSpec
 from kpca.language_model.output_heads import WIKITEXT103_CUTOFFS, AdaptiveHead, SoftmaxHead
+from kpca.training.choices import check_choice
 
 NormPosition = Literal["pre", "post"]
+Positions = Literal["sinusoidal", "learned"]
+Activation = Literal["gelu", "relu"]
+Output = Literal["softmax", "adaptive"]
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
+"""The function of each :data:`Activation`."""
 
 
 class FeedForward(nn.Module):
     """Position-wise MLP: Linear(C, F) -> GELU or ReLU -> dropout -> Linear(F, C)."""
 
-    def __init__(self, width: int, ffn_dim: int, dropout: float, activation: str = "gelu") -> None:
+    def __init__(self, width: int, ffn_dim: int, dropout: float, activation: Activation = "gelu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(width, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, width)
@@ -48,10 +53,10 @@ class DecoderBlock(nn.Module):
         ffn_dim: int,
         dropout: float,
         attention: AttentionSpec,
-        norm_position: str,
+        norm_position: NormPosition,
         attention_dropout: float = 0.0,
         attention_bias: bool = True,
-        activation: str = "gelu",
+        activation: Activation = "gelu",
     ) -> None:
         super().__init__()
         self.norm_position = norm_position
@@ -91,6 +96,15 @@ class CausalTransformerLM(nn.Module):
     post-LN. The output is a tied full softmax by default; the authors' set-up (their commands'
     ``--adaptive``) is ``output: adaptive`` with ``tie_embeddings: false``.
 
+    Each block builds its own attention from the spec (``AttentionSpec.per_block``, then
+    ``AttentionSpec.build``), where the ViTs and Segmenter build timm blocks with softmax attention
+    and then ``swap_attention`` them. Both give the same modules and the same ``state_dict`` layout,
+    but a swap would first draw a softmax ``qkv`` (3C rows) and keep its K and V rows, so a seed
+    would give other initial weights (every tensor drawn after the first ``qkv``) than the symmetric
+    ``qkv`` (2C rows) drawn here, and earlier runs and the demo's numbers would not reproduce. The
+    ViTs swap because timm builds their blocks (timm's ``attn_layer`` cannot carry RPC's settings);
+    these blocks are ours.
+
     Args:
         vocab_size: vocabulary size V (the tokenizer's).
         context: longest input N the model accepts (the training block length).
@@ -126,11 +140,11 @@ class CausalTransformerLM(nn.Module):
         attention_dropout: float = 0.0,
         attention: AttentionSpec = AttentionSpec(kind="symmetric"),  # noqa: B008 (dataclass default)
         norm_position: NormPosition = "post",
-        positions: Literal["sinusoidal", "learned"] = "sinusoidal",
+        positions: Positions = "sinusoidal",
         tie_embeddings: bool = True,
-        activation: Literal["gelu", "relu"] = "gelu",
+        activation: Activation = "gelu",
         attention_bias: bool = True,
-        output: Literal["softmax", "adaptive"] = "softmax",
+        output: Output = "softmax",
         adaptive_cutoffs: tuple[int, ...] = WIKITEXT103_CUTOFFS,
         adaptive_div_value: float = 1.0,
     ) -> None:
@@ -139,14 +153,10 @@ class CausalTransformerLM(nn.Module):
             raise ValueError(f"need vocab_size >= 2, context >= 1, depth >= 1; got {vocab_size}, {context}, {depth}")
         if width % num_heads:
             raise ValueError(f"width {width} must be divisible by num_heads {num_heads}")
-        if norm_position not in ("pre", "post"):
-            raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
-        if positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {positions!r}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        if output not in ("softmax", "adaptive"):
-            raise ValueError(f"output must be 'softmax' or 'adaptive', got {output!r}")
+        check_choice("norm_position", norm_position, NormPosition)
+        check_choice("positions", positions, Positions)
+        check_choice("activation", activation, Activation)
+        check_choice("output", output, Output)
         if output == "adaptive" and tie_embeddings:
             raise ValueError(
                 "tie_embeddings needs output: softmax (the adaptive softmax's clusters have their own weights); "

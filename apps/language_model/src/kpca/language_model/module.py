@@ -78,7 +78,7 @@ class LanguageModelModule(NetModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         inputs, targets = batch  # (B, N), (B, N)
         loss = self.net.token_nll(inputs, targets).mean()  # mean over B * N
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss, inputs.shape[0])
         self.log("train/ppl", torch.exp(loss.detach()), on_step=True, on_epoch=False)
         return loss
 

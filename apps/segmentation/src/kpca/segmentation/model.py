@@ -37,6 +37,10 @@ class MaskTransformerHead(nn.Module):
     with copied weights); it stores ``proj_patch`` and ``proj_classes`` as bias-free ``Linear`` layers (transposed)
     and initialises them differently.
 
+    Attention goes the ViTs' one way, as the encoder's does (:func:`kpca.attention.vit.create_vit`): timm blocks are
+    built with softmax attention and initialised, then ``swap_attention`` replaces it for ``attention`` (for a
+    non-softmax kind), so encoder and decoder blocks have a ViT block's weight layout.
+
     Args:
         in_dim: encoder width E.
         num_classes: number of classes K.

@@ -84,7 +84,7 @@ class SegmentationModule(NetModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = segmentation_loss(self.net(batch["images"]), batch["labels"])
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss, batch["images"].shape[0])
         return loss
 
     def predict_image(self, image: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,14 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kpca.training.choices import check_choice
+
 AttackName = Literal["fgsm", "pgd", "spsa"]
 AttackSpace = Literal["pixel", "reference"]
 AttackLabels = Literal["ground_truth", "predicted"]
 SpsaGradient = Literal["iterate", "cleverhans"]
-ATTACKS: tuple[str, ...] = ("fgsm", "pgd", "spsa")
-SPACES: tuple[str, ...] = ("pixel", "reference")
-LABELS: tuple[str, ...] = ("ground_truth", "predicted")
-SPSA_GRADIENTS: tuple[str, ...] = ("iterate", "cleverhans")
+SpsaLoss = Literal["margin", "ce"]
 PAPER_EPS_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
 PGD_STEP_FRACTION = 0.15
 
@@ -95,19 +94,15 @@ class AttackSpec:
     spsa_gradient: SpsaGradient = "iterate"
 
     def __post_init__(self) -> None:
-        if self.name not in ATTACKS:
-            raise ValueError(f"attack name must be one of {ATTACKS}, got {self.name!r}")
+        check_choice("attack name", self.name, AttackName)
         if not self.eps:
             raise ValueError("AttackSpec.eps is empty; pass at least one radius, e.g. eps_from_255((1, 2, 4))")
         for eps in self.eps:
             _check_eps(eps)
-        _check_space(self.space)
+        check_choice("space", self.space, AttackSpace)
         _check_steps(self.steps)
-        if self.labels not in LABELS:
-            raise ValueError(
-                f"labels must be one of {LABELS} (words: YAML's bare true is a boolean), got {self.labels!r}"
-            )
-        _check_spsa_gradient(self.spsa_gradient)
+        check_choice("labels", self.labels, AttackLabels, "write one of them as a word (YAML's bare true is a boolean)")
+        check_choice("spsa_gradient", self.spsa_gradient, SpsaGradient)
         if self.name != "spsa" and self.spsa_gradient != "iterate":
             raise ValueError(
                 f"spsa_gradient={self.spsa_gradient!r} is an SPSA setting, but this attack is {self.name!r}; "
@@ -253,7 +248,7 @@ def spsa(
     delta: float = 0.01,
     lr: float = 0.01,
     samples: int = 128,
-    loss: Literal["margin", "ce"] = "margin",
+    loss: SpsaLoss = "margin",
     gradient: SpsaGradient = "iterate",
     max_batch: int = 512,
     space: AttackSpace = "pixel",
@@ -313,9 +308,8 @@ def spsa(
     _check_positive("lr", lr)
     _check_count("samples", samples)
     _check_count("max_batch", max_batch)
-    if loss not in ("margin", "ce"):
-        raise ValueError(f"loss must be 'margin' or 'ce', got {loss!r}")
-    _check_spsa_gradient(gradient)
+    check_choice("loss", loss, SpsaLoss)
+    check_choice("gradient", gradient, SpsaGradient)
     start, labels, to_pixel, bounds = _prepare(model, images, labels, eps, space, mean, std, needs_grad=False)
     if eps == 0:
         return _finish(to_pixel(start), images)
@@ -359,9 +353,8 @@ def run_attack(
     Returns:
         Adversarial pixel images (B, C, H, W), detached.
     """
+    check_choice("attack name", name, AttackName)
     attacks = {"fgsm": fgsm, "pgd": pgd, "spsa": spsa}
-    if name not in attacks:
-        raise ValueError(f"attack name must be one of {ATTACKS}, got {name!r}")
     return attacks[name](model, images, labels, eps, **kwargs)
 
 
@@ -401,16 +394,6 @@ def _check_eps(eps: object) -> None:
 
 def _check_steps(steps: object) -> None:
     _check_count("steps", steps)
-
-
-def _check_space(space: object) -> None:
-    if space not in SPACES:
-        raise ValueError(f"space must be one of {SPACES}, got {space!r}")
-
-
-def _check_spsa_gradient(gradient: object) -> None:
-    if gradient not in SPSA_GRADIENTS:
-        raise ValueError(f"the SPSA gradient must be one of {SPSA_GRADIENTS}, got {gradient!r}")
 
 
 def _check_model_precision(model: Model) -> None:
@@ -472,7 +455,7 @@ def _prepare(
         got = f"{tuple(labels.shape)} {labels.dtype}" if isinstance(labels, torch.Tensor) else type(labels).__name__
         raise TypeError(f"labels must be an int64 tensor of shape ({images.shape[0]},), got {got}")
     _check_eps(eps)
-    _check_space(space)
+    check_choice("space", space, AttackSpace)
     _check_model_precision(model)
     if needs_grad and torch.is_inference_mode_enabled():
         raise RuntimeError(

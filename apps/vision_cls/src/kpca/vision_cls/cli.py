@@ -15,14 +15,14 @@ from kpca.training.trainer import ProjectTrainer
 from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.export import export_timm
-from kpca.vision_cls.input.options import replaced_option_hint
 from kpca.vision_cls.module import ClassificationModule
+from kpca.vision_cls.replaced_options import replaced_option_hint
 
 logger = logging.getLogger(__name__)
 
 
 class VisionTrainer(ProjectTrainer):
-    """ProjectTrainer plus :meth:`export`, the ``vision-cls export`` subcommand."""
+    """Lightning's Trainer with the analyze, check-data and export subcommands (export: a timm model folder)."""
 
     def export(
         self,
@@ -31,7 +31,7 @@ class VisionTrainer(ProjectTrainer):
         datamodule: pl.LightningDataModule | None = None,
         ckpt_path: str | None = None,
     ) -> Path:
-        """Write the classifier of ``ckpt_path`` as a timm model folder: ``model.safetensors`` + ``config.json``.
+        """Write the classifier of a checkpoint as a timm model folder (model.safetensors and config.json).
 
         ``timm.create_model("local-dir:<out_dir>", pretrained=True)`` loads it back (after ``import
         kpca.vision_cls`` for SymViT / RPC / scaled models; a DeiT needs timm only). Its inputs are
@@ -55,7 +55,7 @@ class VisionArgumentParser(LightningArgumentParser):
 
     jsonargparse refuses ``--data.backend dali`` (``unrecognized arguments``) and ``backend: dali`` under ``data:`` in
     a config file (``Group 'data' does not accept option 'backend'``); the message then adds, for example, "data.backend
-    was replaced by data.input: write data.input: dali ..." (:data:`kpca.vision_cls.input.options.REPLACED_OPTIONS`).
+    was replaced by data.input: write data.input: dali ..." (:data:`kpca.vision_cls.replaced_options.REPLACED_OPTIONS`).
     """
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:

@@ -10,16 +10,13 @@ exactly once on any number of ranks.
 Nothing is normalised here: the model normalises inside (with :attr:`mean` and
 :attr:`std`), so adversarial attacks and corruptions work in pixel units. The one exception is random erasing, whose
 fill is drawn in normalised space as in DeiT and is therefore allowed to leave [0, 1] (see
-:class:`kpca.vision_cls.input.random_erasing.PixelSpaceRandomErasing`). The on-the-fly corruptions live in
-:mod:`kpca.vision_cls.corrupted`.
+:class:`kpca.vision_cls.input.random_erasing.PixelSpaceRandomErasing`). The evaluation sets beyond the clean
+validation set (ImageNet-C/A/R/O, the on-the-fly corruptions, the evaluation subset) are the ``data.eval`` group,
+:class:`kpca.vision_cls.eval_data.EvalData`, whose module gives their folder layouts.
 
-Folder layouts (all ImageFolder-style, one sub-folder per class):
+Folder layouts (ImageFolder-style, one sub-folder per class):
 
 * ImageNet: ``root/train/<wnid>/*.JPEG`` and ``root/val/<wnid>/*``.
-* ImageNet-C: ``imagenet_c_root/<corruption>/<severity>/<wnid>/*``. The released files are already 224×224 center
-  crops, so they only get ``CenterCrop(image_size)`` (a no-op at 224), as in Hendrycks & Dietterich's
-  ``ImageNet-C/test.py`` and the RPC authors' ``eval_OOD.py``; they are not resized again.
-* ImageNet-A, ImageNet-R, ImageNet-O: ``<root>/<wnid>/*`` (200 classes each).
 * Built-in digits: scikit-learn's handwritten digits, written once by
   :func:`kpca.vision_cls.builtin_data.write_digits_imagefolder` as
   ``<cache>/digits-<size>px/{train,val}/<0..9>/*.png`` and then read by the same ImageFolder code as ImageNet.
@@ -29,67 +26,42 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
 import torch
-from imagecorruptions import get_corruption_names
-from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.data.transforms import str_to_interp_mode
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import find_classes
 
 from kpca.training.bad_files import BadFilesMode, check_bad_files_options
-from kpca.training.data import ProjectDataModule, evenly_spaced, require_built
+from kpca.training.choices import check_choice
+from kpca.training.data import ProjectDataModule, require_built
 from kpca.training.data_check import DataProblem
-from kpca.training.image_corruptions import check_corruptions
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
-from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.data_checks import (
     check_image_folders,
     evaluation_set,
     require_nonempty_class_folders,
     training_set,
 )
+from kpca.vision_cls.eval_data import IMAGENET_C_LAYOUT, EvalData, EvalSet
+from kpca.vision_cls.image_folders import class_folders
 from kpca.vision_cls.input.batch_rand_augment import BatchRandAugment, timm_train_hparams
 from kpca.vision_cls.input.dali_loader import DaliTrainLoader, DaliTrainRecipe, image_folder_samples, require_dali
 from kpca.vision_cls.input.device_augment import BatchRandomErasing, DeviceTrainAugment
 from kpca.vision_cls.input.options import AugmentOn, InputPath, check_input_options
-from kpca.vision_cls.input.random_erasing import PixelSpaceRandomErasing
+from kpca.vision_cls.input.random_erasing import ErasingMode, PixelSpaceRandomErasing
 from kpca.vision_cls.input.samplers import RepeatAugSampler, rank_sampler
 from kpca.vision_cls.input.train_transform import timm_train_stages, train_image_loader, worker_train_transform
-from kpca.vision_cls.robustness import SubsetName, check_class_folders, subset_synsets
 
-EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
+Builtin = Literal["digits"]
 Interpolation = Literal["bicubic", "bilinear", "nearest"]
 
 IMAGENET_LAYOUT = "root/train/<class>/*.JPEG and root/val/<class>/*"
-IMAGENET_C_LAYOUT = "imagenet_c_root/<corruption>/<severity>/<wnid>/* (e.g. gaussian_noise/1/n01440764/x.JPEG)"
-
-
-@dataclass(frozen=True)
-class EvalSet:
-    """One evaluation set of :meth:`ImageNetDataModule.test_dataloader` (one loader each, in this order).
-
-    Attributes:
-        name: Log prefix, e.g. ``"clean"``, ``"corrupted/fog/3"``, ``"imagenet_c/fog/3"``, ``"imagenet_a"``.
-        kind: ``"clean"`` (the validation set), ``"corrupted"`` (validation set corrupted on the fly),
-            ``"imagenet_c"`` (ImageNet-C folders), ``"imagenet_a"``, ``"imagenet_r"``, ``"imagenet_o"`` (the
-            out-of-distribution images, label -1), ``"imagenet_o_in"`` (its in-distribution partner: the validation
-            images of ImageNet-O's 200 classes).
-        corruption: Corruption name for ``"corrupted"`` and ``"imagenet_c"``, else None.
-        severity: Severity 1-5 for ``"corrupted"`` and ``"imagenet_c"``, else None.
-    """
-
-    name: str
-    kind: EvalKind
-    corruption: str | None = None
-    severity: int | None = None
 
 
 class VisionData(Protocol):
@@ -112,62 +84,39 @@ class VisionData(Protocol):
         """The logit columns that ``eval_set``'s labels refer to, or None for all classes."""
 
 
-class _ClassListImageFolder(ImageFolder):
-    """ImageFolder whose classes (and so labels, their positions in ``classes``) are given instead of discovered."""
-
-    def __init__(self, root: str | Path, classes: Sequence[str], transform: Callable | None = None) -> None:
-        self._class_list = list(classes)
-        super().__init__(str(root), transform=transform)
-
-    def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
-        """The given classes, labelled by position."""
-        return self._class_list, {name: i for i, name in enumerate(self._class_list)}
-
-
-class _CenterCropNoPad(transforms.CenterCrop):
-    """``CenterCrop(size)`` that refuses images smaller than ``size`` instead of padding them with black.
-
-    Args:
-        size: Side of the square crop, in pixels.
-        folder: The folder whose images are cropped, named in the error.
-    """
-
-    def __init__(self, size: int, folder: Path) -> None:
-        super().__init__(size)
-        self.side = size
-        self.folder = folder
-
-    def forward(self, image: Image.Image) -> Image.Image:
-        """The centre ``side`` × ``side`` crop of a PIL image at least that large."""
-        width, height = image.size
-        if min(width, height) < self.side:
-            raise ValueError(
-                f"{self.folder} holds a {width}x{height} image, smaller than data.image_size={self.side}: ImageNet-C "
-                f"images are center-cropped, never resized, so set data.image_size to at most {min(width, height)} "
-                "(224 for the released ImageNet-C files)."
-            )
-        return super().forward(image)
+def _check_image_source(root: str | None, builtin: str | None) -> None:
+    """Raise ValueError unless exactly one of ``data.root`` and ``data.builtin`` (a :data:`Builtin`) is set."""
+    if (root is None) == (builtin is None):
+        raise ValueError(
+            f"Set exactly one of data.root and data.builtin (got root={root!r}, builtin={builtin!r}): "
+            f"root is an ImageFolder tree ({IMAGENET_LAYOUT}), builtin='digits' the built-in digits."
+        )
+    if builtin is not None:
+        check_choice("data.builtin", builtin, Builtin, "choose it, or set data.root to an ImageFolder tree instead")
 
 
-def _ood_label(_: int) -> int:
-    """Label of an out-of-distribution image (ImageNet-O)."""
-    return -1
-
-
-def _evenly_spaced(dataset: Dataset, k: int | None) -> Dataset:
-    """At most ``k`` items spread evenly over ``dataset`` (every class of a sorted ImageFolder is hit), or all."""
-    indices = evenly_spaced(len(dataset), k)
-    return dataset if indices is None else Subset(dataset, indices)
-
-
-def _class_folders(directory: Path, layout: str) -> list[str]:
-    """Sorted class folder names of ``directory``; FileNotFoundError or ValueError naming ``layout`` if unusable."""
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory} is not a directory; expected the layout {layout}.")
-    try:
-        return find_classes(directory)[0]
-    except FileNotFoundError:
-        raise ValueError(f"{directory} has no class sub-folders; expected the layout {layout}.") from None
+def _check_transforms(
+    crop_pct: float,
+    scale: tuple[float, float],
+    hflip: float,
+    re_prob: float,
+    re_mode: str,
+    interpolation: str,
+    repeated_aug: int,
+) -> None:
+    """Raise ValueError naming the value and the fix if a setting of the training or evaluation transform is bad."""
+    if not 0.0 < crop_pct <= 1.0:
+        raise ValueError(f"crop_pct={crop_pct} must be in (0, 1]; DeiT uses 0.875.")
+    if not 0.0 < scale[0] <= scale[1] <= 1.0:
+        raise ValueError(f"scale={scale!r} must satisfy 0 < low <= high <= 1 (DeiT: (0.08, 1.0))")
+    if not 0.0 <= hflip <= 1.0:
+        raise ValueError(f"hflip={hflip} must be a probability in [0, 1]")
+    if not 0.0 <= re_prob <= 1.0:
+        raise ValueError(f"re_prob={re_prob} must be a probability in [0, 1]; 0 disables random erasing.")
+    check_choice("data.re_mode", re_mode, ErasingMode, "choose one of timm's RandomErasing fills")
+    check_choice("data.interpolation", interpolation, Interpolation)
+    if repeated_aug < 1:
+        raise ValueError(f"repeated_aug={repeated_aug} must be at least 1; 1 disables repeated augmentation.")
 
 
 class ImageNetDataModule(ProjectDataModule):
@@ -220,23 +169,9 @@ class ImageNetDataModule(ProjectDataModule):
         interpolation: Resampling filter of the training crop, of RandAugment and of the evaluation resize.
         repeated_aug: Copies of each training sample per epoch spread over the ranks (DeiT: 3); 1 disables.
         pin_memory: Pin loaded batches in page-locked memory (only when the trainer's accelerator is not the CPU).
-        imagenet_c_root: ImageNet-C root, ``<corruption>/<severity>/<wnid>/*``; every corruption folder found is
-            evaluated at each of ``severities`` (the mean corruption accuracy and mCE use the 15 benchmark
-            corruptions only; the 4 extra ones get their own rows). Images are center-cropped to ``image_size``
-            without resizing, the benchmark's protocol; an image smaller than ``image_size`` is an error.
-        imagenet_a_root: ImageNet-A root (200 wnid folders); labels are positions in sorted wnid order. Every
-            folder must be one of ImageNet-A's wnids (so a wrong root, e.g. ImageNet-R, is an error).
-        imagenet_r_root: ImageNet-R root (200 wnid folders); labels are positions in sorted wnid order. Every
-            folder must be one of ImageNet-R's wnids.
-        imagenet_o_root: ImageNet-O root (wnid folders of out-of-distribution images, label -1); also adds the
-            in-distribution set ``imagenet_o_in``: the validation images of ImageNet-O's 200 classes. Every folder
-            must be one of ImageNet-O's wnids.
-        corruptions: ``imagecorruptions`` names applied on the fly to the validation set (after the resize and crop),
-            each at every severity in ``severities``, e.g. ``[gaussian_noise, fog]``. ``glass_blur`` is compiled by
-            numba on first use in each worker (a few seconds).
-        severities: Severities (1-5) for ``corruptions`` and for ImageNet-C.
-        eval_subset: Use only this many images of every evaluation set (validation, test and predict loaders),
-            spread evenly over the set so all classes appear; None uses all. For quick runs.
+        eval: The evaluation sets beyond the clean validation set, and the size of every evaluation set
+            (:class:`~kpca.vision_cls.eval_data.EvalData`, the ``data.eval`` group): ImageNet-C/A/R/O roots
+            (``imagenet_c``, ...), on-the-fly ``corruptions`` at ``severities``, and ``subset``.
         bad_files: What a damaged training image does: ``error`` stops the fit with an error naming the file (the
             default); ``skip`` trains on the next image instead, logs each damaged file once as a WARNING and counts
             them (``data/bad_files`` in TensorBoard and the HParams summary). Evaluation sets never skip. The
@@ -248,7 +183,7 @@ class ImageNetDataModule(ProjectDataModule):
     def __init__(
         self,
         root: str | None = None,
-        builtin: Literal["digits"] | None = None,
+        builtin: Builtin | None = None,
         cache_dir: str | None = None,
         batch_size: int = 1024,
         num_workers: int = 8,
@@ -259,41 +194,20 @@ class ImageNetDataModule(ProjectDataModule):
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         color_jitter: float = 0.3,
         re_prob: float = 0.25,
-        re_mode: Literal["pixel", "rand", "const"] = "pixel",
+        re_mode: ErasingMode = "pixel",
         input: InputPath = "turbo",
         augment_on: AugmentOn = "device",
         interpolation: Interpolation = "bicubic",
         repeated_aug: int = 3,
         pin_memory: bool = True,
-        imagenet_c_root: str | None = None,
-        imagenet_a_root: str | None = None,
-        imagenet_r_root: str | None = None,
-        imagenet_o_root: str | None = None,
-        corruptions: tuple[str, ...] = (),
-        severities: tuple[int, ...] = (1, 2, 3, 4, 5),
-        eval_subset: int | None = None,
+        eval: EvalData = EvalData(),  # noqa: B008 (frozen dataclass default)
         bad_files: BadFilesMode = "error",
         max_bad_fraction: float = 0.001,
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, cache_dir=cache_dir, pin_memory=pin_memory)
-        if (root is None) == (builtin is None):
-            raise ValueError(
-                f"Set exactly one of data.root and data.builtin (got root={root!r}, builtin={builtin!r}): "
-                f"root is an ImageFolder tree ({IMAGENET_LAYOUT}), builtin='digits' the built-in digits."
-            )
-        if not 0.0 < crop_pct <= 1.0:
-            raise ValueError(f"crop_pct={crop_pct} must be in (0, 1]; DeiT uses 0.875.")
-        if not 0.0 < scale[0] <= scale[1] <= 1.0:
-            raise ValueError(f"scale={scale!r} must satisfy 0 < low <= high <= 1 (DeiT: (0.08, 1.0))")
-        if not 0.0 <= hflip <= 1.0:
-            raise ValueError(f"hflip={hflip} must be a probability in [0, 1]")
-        if not 0.0 <= re_prob <= 1.0:
-            raise ValueError(f"re_prob={re_prob} must be a probability in [0, 1]; 0 disables random erasing.")
-        if repeated_aug < 1:
-            raise ValueError(f"repeated_aug={repeated_aug} must be at least 1; 1 disables repeated augmentation.")
-        if eval_subset is not None and eval_subset < 1:
-            raise ValueError(f"eval_subset={eval_subset} must be positive, or None to evaluate on all images.")
-        check_corruptions(corruptions, severities)
+        _check_image_source(root, builtin)
+        _check_transforms(crop_pct, scale, hflip, re_prob, re_mode, interpolation, repeated_aug)
+        eval.check_image_size(image_size)
         check_bad_files_options(bad_files, max_bad_fraction)
         check_input_options(
             input,
@@ -305,12 +219,6 @@ class ImageNetDataModule(ProjectDataModule):
         )
         if input == "dali":
             require_dali()
-        self.input = input
-        self.augment_on = augment_on
-        if (corruptions or imagenet_c_root) and not severities:
-            raise ValueError("severities is empty; list at least one of 1-5 for the corruptions and ImageNet-C.")
-        if corruptions and image_size < 32:
-            raise ValueError(f"image_size={image_size}: imagecorruptions needs images of at least 32 pixels.")
         self.root = Path(root) if root is not None else None
         self.builtin = builtin
         self.image_size = image_size
@@ -321,15 +229,11 @@ class ImageNetDataModule(ProjectDataModule):
         self.color_jitter = color_jitter
         self.re_prob = re_prob
         self.re_mode = re_mode
+        self.input = input
+        self.augment_on = augment_on
         self.interpolation = interpolation
         self.repeated_aug = repeated_aug
-        self.imagenet_c_root = Path(imagenet_c_root) if imagenet_c_root is not None else None
-        self.imagenet_a_root = Path(imagenet_a_root) if imagenet_a_root is not None else None
-        self.imagenet_r_root = Path(imagenet_r_root) if imagenet_r_root is not None else None
-        self.imagenet_o_root = Path(imagenet_o_root) if imagenet_o_root is not None else None
-        self.corruptions = tuple(corruptions)
-        self.severities = tuple(severities)
-        self.eval_subset = eval_subset
+        self.eval = eval
         self.bad_files = bad_files
         self.max_bad_fraction = max_bad_fraction
         self.train_set: Dataset | None = None
@@ -350,7 +254,7 @@ class ImageNetDataModule(ProjectDataModule):
         """Class folder names in label order (read from ``root/train`` without loading the dataset)."""
         if self.builtin == "digits":
             return list(DIGITS_CLASSES)
-        return _class_folders(self.data_root / "train", IMAGENET_LAYOUT)
+        return class_folders(self.data_root / "train", IMAGENET_LAYOUT)
 
     @property
     def num_classes(self) -> int:
@@ -370,43 +274,14 @@ class ImageNetDataModule(ProjectDataModule):
     @property
     def eval_sets(self) -> list[EvalSet]:
         """The test sets, in the order of :meth:`test_dataloader`: clean, corrupted, ImageNet-C, -A, -R, -O, -O in."""
-        sets = [EvalSet("clean", "clean")]
-        sets += [EvalSet(f"corrupted/{c}/{s}", "corrupted", c, s) for c in self.corruptions for s in self.severities]
-        if self.imagenet_c_root is not None:
-            sets += [
-                EvalSet(f"imagenet_c/{c}/{s}", "imagenet_c", c, s)
-                for c in self._imagenet_c_corruptions()
-                for s in self.severities
-            ]
-        if self.imagenet_a_root is not None:
-            sets.append(EvalSet("imagenet_a", "imagenet_a"))
-        if self.imagenet_r_root is not None:
-            sets.append(EvalSet("imagenet_r", "imagenet_r"))
-        if self.imagenet_o_root is not None:
-            sets += [EvalSet("imagenet_o", "imagenet_o"), EvalSet("imagenet_o_in", "imagenet_o_in")]
-        return sets
+        return self.eval.eval_sets()
 
     def class_indices(self, eval_set: EvalSet) -> list[int] | None:
         """Columns of the model's logits that an evaluation set's labels refer to, or None for all classes.
 
-        ImageNet-A and -R labels are positions in their sorted 200 wnids, so their predictions are the argmax over
-        these columns. ImageNet-O and its in-distribution set use ImageNet-O's own 200 classes present in the
-        training classes (all 200 on ImageNet-1K), as in Hendrycks et al.'s evaluation.
+        See :meth:`kpca.vision_cls.eval_data.EvalData.class_indices`.
         """
-        class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        if eval_set.kind in ("imagenet_a", "imagenet_r"):
-            root = self._subset_root(eval_set.kind)
-            wnids = check_class_folders(root, eval_set.kind)
-            missing = [w for w in wnids if w not in class_to_idx]
-            if missing:
-                raise ValueError(
-                    f"{root} has class folders {missing[:5]} that are not training classes of {self.data_root}; "
-                    f"{eval_set.kind} needs an ImageNet-1K root (wnid folder names)."
-                )
-            return [class_to_idx[w] for w in wnids]
-        if eval_set.kind in ("imagenet_o", "imagenet_o_in"):
-            return [class_to_idx[w] for w in self._ood_classes()]
-        return None
+        return self.eval.class_indices(eval_set, self.classes, self.data_root)
 
     def prepare_data(self) -> None:
         """Write the digits tree (once per node; Lightning calls this on local rank 0 only) and check the folders."""
@@ -425,19 +300,15 @@ class ImageNetDataModule(ProjectDataModule):
             train_set = ImageFolder(str(self.data_root / "train"), transform=self.train_transform(), loader=loader)
             self.train_set = training_set(train_set, self.bad_files, self.max_bad_fraction)
         if stage in (None, "fit", "validate", "predict") and self.val_set is None:
-            val_set = _evenly_spaced(self._val_folder(self._eval_transform()), self.eval_subset)
-            self.val_set = evaluation_set(val_set, "val")
+            self.val_set = evaluation_set(self._eval_dataset(EvalSet("clean", "clean")), "val")
         if stage in (None, "test") and self.test_sets is None:
-            self.test_sets = [
-                evaluation_set(_evenly_spaced(self._build_eval_set(s), self.eval_subset), s.name)
-                for s in self.eval_sets
-            ]
+            self.test_sets = [evaluation_set(self._eval_dataset(s), s.name) for s in self.eval_sets]
 
     def check_data(self, progress: bool = True) -> tuple[int, list[DataProblem]]:
         """Decode every image of train, val and the configured robustness sets in ``num_workers`` workers.
 
         Also checks the layout: class folders present and non-empty, train and val with the same classes, every
-        ImageNet-C corruption folder holding each of ``severities``. The built-in digits are written first.
+        ImageNet-C corruption folder holding each of ``eval.severities``. The built-in digits are written first.
 
         Returns:
             The number of image files decoded and the problems found, each naming its file (``check-data``).
@@ -447,10 +318,10 @@ class ImageNetDataModule(ProjectDataModule):
         return check_image_folders(
             self.data_root,
             IMAGENET_LAYOUT,
-            self._subset_roots(),
-            self.imagenet_c_root,
+            self.eval.subset_roots(),
+            self.eval.imagenet_c_root,
             IMAGENET_C_LAYOUT,
-            self.severities,
+            self.eval.severities,
             self.num_workers,
             progress,
         )
@@ -565,24 +436,15 @@ class ImageNetDataModule(ProjectDataModule):
         """The clean validation set."""
         return self.eval_loader(require_built(self.val_set, "predict"))
 
-    def _eval_transform(self) -> Callable:
-        return transforms.Compose([self.eval_geometry(), transforms.ToTensor()])
-
-    def _imagenet_c_transform(self, folder: Path) -> Callable:
-        """ImageNet-C's evaluation transform for the images of ``folder``: ``CenterCrop(image_size)``, ``ToTensor``.
-
-        The released ImageNet-C files are 224×224 crops of resized validation images; Hendrycks & Dietterich
-        (``ImageNet-C/test.py``) and the RPC authors (``eval_OOD.py``) only center-crop them to 224, a no-op.
-        """
-        return transforms.Compose([_CenterCropNoPad(self.image_size, folder), transforms.ToTensor()])
-
-    def _val_folder(self, transform: Callable) -> ImageFolder:
-        return _ClassListImageFolder(self.data_root / "val", self.classes, transform=transform)
+    def _eval_dataset(self, eval_set: EvalSet) -> Dataset:
+        """The dataset of ``eval_set``, cut to ``eval.subset`` images spread over it."""
+        dataset = self.eval.dataset(eval_set, self.data_root, self.classes, self.eval_geometry(), self.image_size)
+        return self.eval.spread(dataset)
 
     def _check_layout(self) -> None:
         """Raise FileNotFoundError or ValueError naming the path and the expected layout if a folder is unusable."""
         train = self.classes
-        val = _class_folders(self.data_root / "val", IMAGENET_LAYOUT)
+        val = class_folders(self.data_root / "val", IMAGENET_LAYOUT)
         if train != val:
             only_train, only_val = sorted(set(train) - set(val)), sorted(set(val) - set(train))
             raise ValueError(
@@ -591,67 +453,4 @@ class ImageNetDataModule(ProjectDataModule):
             )
         for split in ("train", "val"):
             require_nonempty_class_folders(self.data_root / split, split)
-        for kind, root in self._subset_roots().items():
-            if root is not None:
-                check_class_folders(root, kind)
-        if self.imagenet_c_root is not None:
-            for corruption in self._imagenet_c_corruptions():
-                for severity in self.severities:
-                    _class_folders(self.imagenet_c_root / corruption / str(severity), IMAGENET_C_LAYOUT)
-        if self.imagenet_o_root is not None:
-            self._ood_classes()
-
-    def _imagenet_c_corruptions(self) -> list[str]:
-        """Corruption folders of the ImageNet-C root, in imagecorruptions' (ImageNet-C's) order."""
-        assert self.imagenet_c_root is not None, "only called when imagenet_c_root is set"
-        folders = _class_folders(self.imagenet_c_root, IMAGENET_C_LAYOUT)
-        known = get_corruption_names("all")
-        unknown = [f for f in folders if f not in known]
-        if unknown:
-            raise ValueError(
-                f"{self.imagenet_c_root} has folders {unknown} that are not corruption names; expected the layout "
-                f"{IMAGENET_C_LAYOUT} with corruptions among {known}."
-            )
-        return [c for c in known if c in folders]
-
-    def _ood_classes(self) -> list[str]:
-        """ImageNet-O's 200 wnids among the training classes, sorted."""
-        ours = set(self.classes)
-        wnids = [w for w in subset_synsets("imagenet_o") if w in ours]
-        if not wnids:
-            raise ValueError(
-                f"imagenet_o_root is set but {self.data_root} has none of ImageNet-O's 200 wnids as class folders; "
-                "ImageNet-O needs an ImageNet-1K root."
-            )
-        return wnids
-
-    def _build_eval_set(self, eval_set: EvalSet) -> Dataset:
-        if eval_set.kind == "clean":
-            return self._val_folder(self._eval_transform())
-        if eval_set.kind == "corrupted":
-            assert eval_set.corruption is not None and eval_set.severity is not None, "set by eval_sets"
-            return CorruptedDataset(self._val_folder(self.eval_geometry()), eval_set.corruption, eval_set.severity)
-        if eval_set.kind == "imagenet_c":
-            assert self.imagenet_c_root is not None, "set by eval_sets"
-            folder = self.imagenet_c_root / str(eval_set.corruption) / str(eval_set.severity)
-            return _ClassListImageFolder(folder, self.classes, transform=self._imagenet_c_transform(folder))
-        if eval_set.kind == "imagenet_o_in":
-            return _ClassListImageFolder(self.data_root / "val", self._ood_classes(), transform=self._eval_transform())
-        target_transform = _ood_label if eval_set.kind == "imagenet_o" else None
-        root = self._subset_root(eval_set.kind)
-        return ImageFolder(str(root), transform=self._eval_transform(), target_transform=target_transform)
-
-    def _subset_roots(self) -> dict[SubsetName, Path | None]:
-        """The root folders of ImageNet-A, -R and -O (None where unset)."""
-        return {
-            "imagenet_a": self.imagenet_a_root,
-            "imagenet_r": self.imagenet_r_root,
-            "imagenet_o": self.imagenet_o_root,
-        }
-
-    def _subset_root(self, kind: EvalKind) -> Path:
-        """The root folder of ImageNet-A, -R or -O."""
-        root = self._subset_roots().get(kind)
-        if root is None:
-            raise ValueError(f"Eval set kind {kind!r} has no folder; set data.{kind}_root.")
-        return root
+        self.eval.check_layout(train, self.data_root)

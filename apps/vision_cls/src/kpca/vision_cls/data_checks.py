@@ -153,7 +153,7 @@ def _imagenet_c_items(
 ) -> tuple[list[tuple[str, str]], list[DataProblem]]:
     """Files and problems of ImageNet-C: every corruption folder found x every configured severity."""
     if not root.is_dir():
-        fix = f"Set data.imagenet_c_root to a folder with the layout {layout}."
+        fix = f"Set data.eval.imagenet_c to a folder with the layout {layout}."
         return [], [DataProblem(str(root.absolute()), "imagenet_c", "is not a directory", fix)]
     known = get_corruption_names("all")
     folders = _class_dirs(root)
@@ -168,8 +168,8 @@ def _imagenet_c_items(
             continue
         for severity in severities:
             if not (folder / str(severity)).is_dir():
-                problem = f"severity folder {severity} is missing (data.severities lists it)"
-                fix = f"Add it from the ImageNet-C release, or drop {severity} from data.severities."
+                problem = f"severity folder {severity} is missing (data.eval.severities lists it)"
+                fix = f"Add it from the ImageNet-C release, or drop {severity} from data.eval.severities."
                 problems.append(DataProblem(str((folder / str(severity)).absolute()), "imagenet_c", problem, fix))
                 continue
             found, wrong = scan_image_folder(folder / str(severity), f"imagenet_c/{folder.name}/{severity}", layout)
@@ -183,7 +183,7 @@ def _subset_items(kind: str, root: Path) -> tuple[list[tuple[str, str]], list[Da
     try:
         check_class_folders(root, kind)
     except (FileNotFoundError, ValueError) as error:
-        return [], [DataProblem(str(root.absolute()), kind, str(error), f"Set data.{kind}_root to the released set.")]
+        return [], [DataProblem(str(root.absolute()), kind, str(error), f"Set data.eval.{kind} to the released set.")]
     return scan_image_folder(root, kind, f"{root}/<wnid>/<image>")
 
 

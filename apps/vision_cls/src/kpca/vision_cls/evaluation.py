@@ -16,6 +16,7 @@ import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -24,10 +25,17 @@ from torch import nn
 from torchmetrics import CatMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from kpca.training.protocols import WHOLE_TEST_SET, ProtocolRule, Setting, config_entry, record_protocol
+from kpca.training.protocols import (
+    WHOLE_TEST_SET,
+    ProtocolRule,
+    Setting,
+    config_entry,
+    is_recorded,
+    record_protocol,
+)
 from kpca.training.reports import ReportSchema, markdown_table, write_report
 from kpca.vision_cls.attacks import AttackSpec, predicted_labels, run_attack
-from kpca.vision_cls.data import EvalSet
+from kpca.vision_cls.eval_data import EvalSet
 from kpca.vision_cls.robustness import (
     anomaly_score,
     corruption_errors,
@@ -53,6 +61,27 @@ def read_robustness_report(path: Path) -> dict[str, float]:
         return {row["metric"]: float(row["value"]) for row in csv.DictReader(stream) if row["value"] != ""}
 
 
+@dataclass(frozen=True)
+class MovedSetting(Setting):
+    """A :class:`Setting` whose key moved; a config saved before the move is read at ``old_key``.
+
+    Attributes:
+        old_key: the dotted key the setting had before (``data.eval_subset`` for ``data.eval.subset``).
+    """
+
+    old_key: str = ""
+
+    def difference(self, config: Mapping) -> str | None:
+        """As :meth:`Setting.difference`, at ``old_key`` when the config records the setting there only."""
+        moved = not is_recorded(config_entry(config, self.key)) and is_recorded(config_entry(config, self.old_key))
+        return Setting.difference(replace(self, key=self.old_key), config) if moved else super().difference(config)
+
+
+EVAL_SUBSET = MovedSetting(
+    "data.eval.subset", None, name="eval.subset", published_text="null (every image)", old_key="data.eval_subset"
+)
+"""Every image of each evaluation set (configs saved before ``data.eval`` name it ``data.eval_subset``)."""
+
 FP16_AUTOCAST_CLASSIFICATION = Setting(
     "trainer.precision", "16-mixed", name="precision", default="32-true",
     matches=lambda value: str(value) in ("16-mixed", "16", "32-true", "32"),
@@ -71,14 +100,14 @@ FP32_CLASSIFICATION = Setting(
 EVAL_TRANSFORM = (
     Setting("data.crop_pct", 0.875),
     Setting("data.interpolation", "bicubic"),
-    Setting("data.eval_subset", None, published_text="null (every image)"),
+    EVAL_SUBSET,
     *WHOLE_TEST_SET,
 )
 """The authors' evaluation images: Resize(image_size / 0.875, bicubic) + CenterCrop, every image of each set."""
 
 ON_THE_FLY_CORRUPTIONS = (
     "imagecorruptions applied on the fly after a bicubic resize, without the JPEG q85 step, a proxy (published: the "
-    "released ImageNet-C files, data.imagenet_c_root)"
+    "released ImageNet-C files, data.eval.imagenet_c)"
 )
 """Why ``corrupted/*`` is never the published protocol (docs/protocols.md, "On-the-fly corruptions")."""
 
@@ -125,8 +154,8 @@ def robustness_protocols(config: Mapping) -> tuple[ProtocolRule, ...]:
             r"imagenet_c/.+",
             (
                 Setting("data.image_size", 224, published_text="224 (the released files are 224x224 crops)"),
-                Setting("data.severities", (1, 2, 3, 4, 5)),
-                Setting("data.eval_subset", None, published_text="null (every image)"),
+                MovedSetting("data.eval.severities", (1, 2, 3, 4, 5), old_key="data.severities"),
+                EVAL_SUBSET,
                 *WHOLE_TEST_SET,
                 FP16_AUTOCAST_CLASSIFICATION,
             ),

@@ -95,7 +95,7 @@ class ClassificationModule(NetModule):
             loss = torch.sum(-targets * F.log_softmax(self.net(images), dim=-1), dim=-1).mean()
         else:
             loss = F.cross_entropy(self.net(images), labels, label_smoothing=self.hparams.label_smoothing)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss, images.shape[0])
         return loss
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:

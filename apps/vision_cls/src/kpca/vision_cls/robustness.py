@@ -269,7 +269,7 @@ def check_class_folders(root: str | os.PathLike[str], name: SubsetName) -> tuple
     if unexpected:
         raise ValueError(
             f"{str(path)!r} holds {len(unexpected)} class folders that are not {name} wnids (e.g. {unexpected[:3]}); "
-            f"point data.{name}_root at the extracted {name.replace('_', '-')} folder"
+            f"point data.eval.{name} at the extracted {name.replace('_', '-')} folder"
         )
     return found
 

@@ -1,5 +1,6 @@
 """kpca.training: the Lightning machinery every kpca app shares, so that no app imports another.
 
-Modules: ``cli`` (ProjectCLI), ``module`` (NetModule), ``files``, ``checkpoint_io``, ``rng_state``,
-``callbacks``, ``reports``, ``data``, ``optim``; ``vision`` (the ``[vision]`` extra) for the ViT apps.
+Each module has one row in packages/training/README.md (a test keeps that table complete): the runtime (``cli``,
+``module``, ``trainer``, ``data``, ``resumable``, ``checkpointing/``, ``callbacks``, ...) and the results tools
+(``reports``, ``compare``, ``experiment/``, ...).
 """

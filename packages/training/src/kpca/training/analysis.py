@@ -264,7 +264,7 @@ def analysis_markdown(results_by_model: Mapping[str, Sequence[LayerAnalysis]]) -
 
 
 class KernelPCAMonitor(pl.Callback):
-    """Every ``every_n_epochs`` training epochs, log the kernel-PCA diagnostics on one fixed batch.
+    """Every every_n_epochs training epochs, log the kernel-PCA diagnostics on one fixed batch.
 
     The batch (its first ``samples`` inputs) is taken from the first validation dataloader when
     ``fit`` starts and kept, so the curves compare like with like, as in the paper's J_proj plot.

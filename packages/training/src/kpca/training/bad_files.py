@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
+from kpca.training.choices import check_choice
 from kpca.training.data_check import DataError, DataProblem
 from kpca.training.resumable import training_dataset
 
@@ -41,11 +42,12 @@ EVALUATION_FIX = (
 
 def check_bad_files_options(bad_files: str, max_bad_fraction: float) -> None:
     """Raise ValueError naming the value and the choices if ``data.bad_files`` or ``data.max_bad_fraction`` is bad."""
-    if bad_files not in ("error", "skip"):
-        raise ValueError(
-            f"data.bad_files={bad_files!r} must be 'error' (stop at the first damaged file, naming it) or 'skip' "
-            "(train without it, logging and counting it)."
-        )
+    check_choice(
+        "data.bad_files",
+        bad_files,
+        BadFilesMode,
+        "'error' stops at the first damaged file, naming it; 'skip' trains without it, logging and counting it",
+    )
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise ValueError(
             f"data.max_bad_fraction={max_bad_fraction} must be a fraction in [0, 1] of the training set that "

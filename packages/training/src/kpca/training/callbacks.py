@@ -16,6 +16,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
 from kpca.attention import RPCAttention
+from kpca.training.choices import check_choice
 from kpca.training.protocols import read_protocol_file
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def tensorboard_writer(trainer: pl.Trainer):
 
 
 class RPCDiagnostics(pl.Callback):
-    """Every ``every_n_steps`` training steps, log each RPC layer's fraction of non-zero S and PAP residual.
+    """Every every_n_steps training steps, log each RPC layer's fraction of non-zero S and PAP residual.
 
     The PAP state is recorded only on those steps, so other steps pay nothing, and written to the loggers at
     the step it was recorded (not held until Lightning's next ``log_every_n_steps``). The layers are those of the
@@ -89,6 +90,10 @@ class RPCDiagnostics(pl.Callback):
                 logger.log_metrics(metrics, step=self._step)
 
 
+NonFiniteAction = Literal["stop", "skip"]
+"""What :class:`NonFiniteLoss` does at a non-finite loss or gradient: end the run, or drop the step."""
+
+
 class NonFiniteLoss(pl.Callback):
     """Stop training (or skip the step) when the loss or the gradients are not finite, before the optimizer step.
 
@@ -103,9 +108,8 @@ class NonFiniteLoss(pl.Callback):
         action: ``stop`` or ``skip``.
     """
 
-    def __init__(self, action: Literal["stop", "skip"] = "stop") -> None:
-        if action not in ("stop", "skip"):
-            raise ValueError(f"action must be 'stop' or 'skip', got {action!r}")
+    def __init__(self, action: NonFiniteAction = "stop") -> None:
+        check_choice("action", action, NonFiniteAction, "stop ends the run, skip drops the step")
         self.action = action
         self._loss: torch.Tensor | None = None
 
@@ -134,7 +138,7 @@ class NonFiniteLoss(pl.Callback):
 
 
 class Throughput(ThroughputMonitor):
-    """Lightning's ``ThroughputMonitor`` with its rolling window as an argument the CLI can set.
+    """Lightning's ThroughputMonitor with its rolling window as an argument the CLI can set.
 
     Logs ``train/device/samples_per_sec`` (and ``train/samples_per_sec`` over all processes when there are
     several), ``.../items_per_sec`` when ``length_fn`` counts items (tokens), each a mean over the last

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
+from torchmetrics import MeanMetric
 
 from kpca.training.checkpointing.origin import record_origin
 from kpca.training.checkpointing.resume import record_run_folder
@@ -101,6 +102,22 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
         self.optimizer_factory = optimizer
         self.compile_options = compile_options(compile)
         self._net_compiled = False
+        self.train_loss = MeanMetric()
+
+    def log_train_loss(self, loss: torch.Tensor, batch_size: int) -> None:
+        """Log ``train/loss``: each step's loss on this process, and each epoch's mean over every process's batches.
+
+        The epoch value is a torchmetrics ``MeanMetric`` weighted by ``batch_size``, which Lightning computes at the
+        epoch's end, synchronised across processes, and then resets: under DDP a plain ``self.log(...,
+        on_epoch=True)`` would log rank 0's mean alone. The step value stays this process's, as Lightning logs it.
+        TensorBoard names them ``train/loss_step`` and ``train/loss_epoch``.
+
+        Args:
+            loss: the step's scalar loss.
+            batch_size: the samples it averages over on this process (the epoch mean's weight).
+        """
+        self.train_loss(loss.detach(), batch_size)
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=batch_size)
 
     def configure_model(self) -> None:
         """Compile the network's :attr:`compiled_methods` in place (:func:`compile_in_place`) when ``compile`` asks.

@@ -26,7 +26,7 @@ CHECK_DATA = "check-data"
 
 
 class ProjectTrainer(pl.Trainer):
-    """Lightning's Trainer with two more entry points, :meth:`analyze` and :meth:`check_data`."""
+    """Lightning's Trainer with two more subcommands, analyze (kernel-PCA diagnostics) and check-data."""
 
     @staticmethod
     def check_data(

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
 
 import torch
 from torch import Tensor
 
+from kpca.training.choices import check_choice
+from kpca.vision_cls.input.random_erasing import ErasingMode
+
+"""The fill modes of timm's ``RandomErasing`` (``data.re_mode``)."""
 ERASING_ATTEMPTS = 10  # timm's RandomErasing tries this many boxes before giving up on an image
 
 # ToTensor's value for every uint8 level, computed once on the CPU as ToTensor does (float32(v) / 255), so the
@@ -56,13 +59,12 @@ class BatchRandomErasing:
         probability: float,
         mean: Sequence[float],
         std: Sequence[float],
-        mode: Literal["pixel", "rand", "const"] = "pixel",
+        mode: ErasingMode = "pixel",
         min_area: float = 0.02,
         max_area: float = 1 / 3,
         min_aspect: float = 0.3,
     ) -> None:
-        if mode not in ("pixel", "rand", "const"):
-            raise ValueError(f"mode={mode!r} must be 'pixel', 'rand' or 'const' (timm's RandomErasing modes).")
+        check_choice("mode", mode, ErasingMode, "choose one of timm's RandomErasing modes")
         self.probability = probability
         self.mode = mode
         self.area_range = (min_area, max_area)

@@ -12,13 +12,13 @@
   timm's RandAugment also runs batched on the device, before the float conversion and erasing
   (:mod:`kpca.vision_cls.input.batch_rand_augment`: timm's policy and Pillow's pixels, other random draws).
 
-:func:`check_input_options` refuses every combination the paths cannot run. :func:`replaced_option_hint` names the
-spelling that replaced ``data.backend``, ``data.worker_transform`` and ``data.device_augment``.
+:func:`check_input_options` refuses every combination the paths cannot run. :data:`REPLACED_OPTIONS` gives the
+spelling that replaced ``data.backend``, ``data.worker_transform`` and ``data.device_augment``
+(:mod:`kpca.vision_cls.replaced_options` finds them in a parser's error).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from kpca.vision_cls.input.dali_rand_augment import parse_rand_augment
@@ -54,9 +54,6 @@ REPLACED_OPTIONS: dict[str, str] = {
     ),
 }
 """The removed ``data`` options, each with the error text that gives its new spelling."""
-
-_REPLACED = "|".join(REPLACED_OPTIONS)
-_REPLACED_KEY = re.compile(rf"\bdata\.({_REPLACED})\b|'data' does not accept option '({_REPLACED})'")
 
 
 def check_input_options(
@@ -131,13 +128,3 @@ def check_device_randaugment(input: str, auto_augment: str | None) -> None:
             f"'rand-m9-mstd0.5-inc1') on the device, but data.auto_augment={auto_augment!r}; set such a policy, or "
             "data.augment_on=device."
         )
-
-
-def replaced_option_hint(message: str) -> str | None:
-    """The new spelling of the first removed ``data`` option that a parser error ``message`` names, else None.
-
-    Matches jsonargparse's refusals of an unknown key on the command line (``unrecognized arguments:
-    --data.backend dali``) and in a config file (``Group 'data' does not accept option 'backend'``).
-    """
-    match = _REPLACED_KEY.search(message)
-    return REPLACED_OPTIONS[match.group(1) or match.group(2)] if match else None

@@ -14,6 +14,9 @@ import torch
 from timm.data.random_erasing import RandomErasing
 from torch import Tensor
 
+ErasingMode = Literal["pixel", "rand", "const"]
+"""timm's random erasing fills: per-pixel normal noise, one normal colour per erased box, or zero."""
+
 
 class PixelSpaceRandomErasing:
     """timm's ``RandomErasing`` for pixel-space images, with the fill DeiT draws in normalised space.
@@ -38,7 +41,7 @@ class PixelSpaceRandomErasing:
         probability: float,
         mean: Sequence[float],
         std: Sequence[float],
-        mode: Literal["pixel", "rand", "const"] = "pixel",
+        mode: ErasingMode = "pixel",
         max_count: int = 1,
     ) -> None:
         self.erasing = RandomErasing(probability, mode=mode, max_count=max_count, device="cpu")

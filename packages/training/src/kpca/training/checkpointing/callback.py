@@ -6,7 +6,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class Checkpoint(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` follows every save point.
+    """Lightning's ModelCheckpoint whose last.ckpt follows every save point.
 
     Lightning 2.6 rewrites ``last.ckpt`` only at the steps where a best-k file was written, so after an epoch
     that did not improve the monitored metric ``last.ckpt`` still holds an older state, and a preempted run

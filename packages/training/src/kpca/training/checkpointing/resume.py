@@ -31,6 +31,8 @@ def checkpoint_problem(path: str | Path) -> str | None:
     half-copied file is recognised without reading its tensors.
     """
     path = Path(path)
+    if path.is_dir():
+        return "it is a folder, not a checkpoint file"
     if not path.is_file():
         return "it does not exist"
     if path.stat().st_size == 0:
