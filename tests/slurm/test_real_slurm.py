@@ -193,12 +193,15 @@ def test_launch_slurm_requeue_cycle_ends_with_the_weights_of_an_uninterrupted_ru
         # jobcomp records a requeued run as PENDING (its state once requeued)
         assert len(runs) >= 2 and all(run["JobState"] in ("PENDING", "REQUEUED") for run in runs[:-1]), diagnostics
         hpc = sorted(root.glob("hpc_ckpt_*.ckpt"), key=lambda path: int(path.stem.rpartition("_")[2]))
+        assert [path.name for path in hpc] == [f"hpc_ckpt_{n}.ckpt" for n in range(1, len(runs))], diagnostics
+        hpc_steps = [torch.load(path, map_location="cpu", weights_only=True)["global_step"] for path in hpc]
         restored = [(Path(path).name, int(step)) for path, step in RESTORED.findall(log)]
-        assert (
-            [name for name, _ in restored]
-            == [path.name for path in hpc]
-            == [f"hpc_ckpt_{n}.ckpt" for n in range(1, len(runs))]
-        ), diagnostics  # each requeued run resumed from the checkpoint the one before saved
+        # Each requeued run resumed where the one before saved at SIGUSR1: from its hpc checkpoint, or, when the run
+        # stopped at an epoch's end and wrote last.ckpt at the same step after it, from that newer last.ckpt.
+        assert len(restored) == len(hpc) and all(
+            name in (path.name, "last.ckpt") and step == hpc_step
+            for (name, step), path, hpc_step in zip(restored, hpc, hpc_steps, strict=True)
+        ), (restored, hpc_steps, diagnostics)
         steps = [step for _, step in restored]
         assert steps == sorted(set(steps)) and steps[0] > 0 and steps[-1] < epochs * batches, diagnostics
         run = root / "runs" / "lightning_logs"

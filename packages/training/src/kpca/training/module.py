@@ -102,7 +102,7 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
         self.optimizer_factory = optimizer
         self.compile_options = compile_options(compile)
         self._net_compiled = False
-        self.train_loss = MeanMetric()
+        self.train_loss = MeanMetric(nan_strategy="disable")  # a non-finite loss shows in the mean, as logged
 
     def log_train_loss(self, loss: torch.Tensor, batch_size: int) -> None:
         """Log ``train/loss``: each step's loss on this process, and each epoch's mean over every process's batches.
@@ -110,6 +110,8 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
         The epoch value is a torchmetrics ``MeanMetric`` weighted by ``batch_size``, which Lightning computes at the
         epoch's end, synchronised across processes, and then resets: under DDP a plain ``self.log(...,
         on_epoch=True)`` would log rank 0's mean alone. The step value stays this process's, as Lightning logs it.
+        A non-finite loss is kept (the epoch mean is then NaN or inf, as plain logging gives), neither dropped nor
+        warned about: :class:`~kpca.training.callbacks.NonFiniteLoss` is what reports it.
         TensorBoard names them ``train/loss_step`` and ``train/loss_epoch``.
 
         Args:
