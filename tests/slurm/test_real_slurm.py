@@ -32,6 +32,7 @@ RESTORED = re.compile(r"auto resume: restoring (\S+) \(step (\d+)\)")
 TINY_FIT = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
 PLAN_TIMEOUT_S = 240
 REQUEUE_TIMEOUT_S = 420
+PACE_S = 0.4  # seconds of sleep after each training step of the requeued fit
 TASK = "4294967294"  # jobcomp's ArrayTaskId of a job that is not an array task
 
 
@@ -161,10 +162,12 @@ def test_launch_slurm_requeue_cycle_ends_with_the_weights_of_an_uninterrupted_ru
     """docker/launch_slurm.sh under sbatch with a 1-minute limit and SIGUSR1 10 s before it (Slurm sends it up to
     30 s earlier, at its next time-limit check): Lightning saves hpc_ckpt_<n>.ckpt and requeues the job, the
     requeued job runs the same command and resumes from it, until the fit ends; its weights are those of the same
-    command run without SLURM."""
-    epochs, batches = 4, 40  # over 50 s of training on 2 busy cores: the first run is signalled mid-fit
+    command run without SLURM. The Slurm fit is paced (tests/slurm/pace.py): 160 steps of at least 0.4 s outlast
+    the 50 s by which SIGUSR1 has arrived on the fastest machine, so every run is signalled mid-fit."""
+    epochs, batches = 4, 40
     budget = [f"--trainer.max_epochs={epochs}", f"--trainer.limit_train_batches={batches}",
               "--trainer.limit_val_batches=1"]  # fmt: skip
+    paced = ["--trainer.callbacks+=tests.slurm.pace.Pace", f"--trainer.callbacks.seconds_per_step={PACE_S}"]
     root, straight = tmp_path / "slurm", tmp_path / "straight"
     reference = subprocess.Popen(
         fit_command("vision_cls", [*smoke_options(SMOKE, straight, digits_cache), *budget]),
@@ -172,10 +175,11 @@ def test_launch_slurm_requeue_cycle_ends_with_the_weights_of_an_uninterrupted_ru
     )  # fmt: skip
     sbatch = ["sbatch", "--parsable", "--time=1", "--signal=USR1@10", "--nodes=1", "--ntasks-per-node=1",
               "--gpus-per-node=0", "--cpus-per-task=2", str(LAUNCH_SLURM), "vision_cls", "fit",
-              *map(str, smoke_options(SMOKE, root, digits_cache)), *budget]  # fmt: skip
+              *map(str, smoke_options(SMOKE, root, digits_cache)), *budget, *paced]  # fmt: skip
     job = ""
     try:
-        done = subprocess.run(sbatch, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60)
+        env = clean_env(PYTHONPATH=str(REPO))  # the job imports the pacing callback from tests/
+        done = subprocess.run(sbatch, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         job = done.stdout.strip().split(";")[0]
         released = []
