@@ -64,6 +64,15 @@ def test_a_setting_names_its_value_and_the_authors_or_says_it_is_not_recorded():
     ]
 
 
+def test_a_moved_setting_reads_a_config_saved_before_the_move_at_its_old_key():
+    moved = Setting("data.eval.scale", (2048, 512), old_key="data.scale")
+    assert moved.difference(SAVED) is None  # SAVED records data.scale only
+    assert moved.difference(SAVED | {"data": {"eval": {"scale": [1024, 512]}}}) == (
+        "scale=[1024, 512] (published: [2048, 512])"
+    )  # the new key wins where it is recorded
+    assert moved.difference({"data": {}}) == "scale not recorded (published: [2048, 512])"
+
+
 RULES = (
     ProtocolRule("clean", r"clean/.+", (Setting("data.scale", (2048, 512)),)),
     ProtocolRule("corrupted", r"corrupted/.+", (Setting("trainer.precision", "32-true"),), fixed=("a proxy",)),

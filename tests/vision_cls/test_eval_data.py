@@ -6,10 +6,11 @@ import pytest
 import yaml
 from jsonargparse import ArgumentParser
 
+from kpca.training.replaced_options import replaced_option_hint
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.eval_data import REPLACED_OPTIONS, EvalData
-from kpca.vision_cls.replaced_options import replaced_option_hint
+from kpca.vision_cls.replaced_options import REPLACED_OPTIONS as ALL_REPLACED
 from tests.cli_support import CONFIGS, CPU, printed_config, run_cli
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
@@ -23,6 +24,11 @@ NEW_SPELLING = {
     "eval_subset": ("--data.eval_subset=16", "data.eval.subset"),
 }
 """Each removed flat option: a command-line use of it, and the spelling its refusal must give."""
+
+
+def hint(message: str) -> str | None:
+    """The hint vision-cls adds to a parser error ``message``."""
+    return replaced_option_hint(message, ALL_REPLACED)
 
 
 def test_every_removed_option_has_its_new_spelling():
@@ -96,10 +102,10 @@ def test_a_removed_option_in_a_config_file_is_refused_with_its_new_spelling(
 
 
 def test_the_hint_names_removed_options_only():
-    assert "write data.eval.subset" in replaced_option_hint("unrecognized arguments: --data.eval_subset=16")
+    assert "write data.eval.subset" in hint("unrecognized arguments: --data.eval_subset=16")
     message = "Group 'data' does not accept option 'imagenet_c_root'"
-    assert "write data.eval.imagenet_c" in replaced_option_hint(message)
-    assert "write data.input: dali" in replaced_option_hint("unrecognized arguments: --data.backend dali")
-    assert replaced_option_hint("unrecognized arguments: --data.eval.subsets=16") is None
-    assert replaced_option_hint("Group 'data.eval' does not accept option 'corruption'") is None
-    assert replaced_option_hint("Group 'model' does not accept option 'severities'") is None
+    assert "write data.eval.imagenet_c" in hint(message)
+    assert "write data.input: dali" in hint("unrecognized arguments: --data.backend dali")
+    assert hint("unrecognized arguments: --data.eval.subsets=16") is None
+    assert hint("Group 'data.eval' does not accept option 'corruption'") is None
+    assert hint("Group 'model' does not accept option 'severities'") is None

@@ -8,12 +8,13 @@ import pytest
 from PIL import Image
 
 from kpca.training.choices import choices
+from kpca.training.replaced_options import replaced_option_hint
 from kpca.vision_cls import data as data_module
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input.dali_loader import DaliTrainLoader
 from kpca.vision_cls.input.options import AUGMENT_ON, INPUT_PATHS, AugmentOn, InputPath, check_input_options
-from kpca.vision_cls.replaced_options import REPLACED_OPTIONS, replaced_option_hint
+from kpca.vision_cls.replaced_options import REPLACED_OPTIONS
 from tests.cli_support import CONFIGS, CPU, run_cli
 
 DEIT = "rand-m9-mstd0.5-inc1"
@@ -46,6 +47,11 @@ COMBINATIONS = [
 ]
 
 
+def hint(message: str) -> str | None:
+    """The hint vision-cls adds to a parser error ``message``."""
+    return replaced_option_hint(message, REPLACED_OPTIONS)
+
+
 @pytest.mark.parametrize(("path", "augment_on", "options", "error"), COMBINATIONS)
 def test_input_option_combinations(path: str, augment_on: str, options: dict, error: str | None):
     options = {"builtin": None, "auto_augment": DEIT, "color_jitter": 0.3, "bad_files": "error", **options}
@@ -68,12 +74,12 @@ def test_every_choice_has_its_description_and_no_other():
 
 
 def test_parser_messages_get_the_new_spelling():
-    assert "data.input: dali" in replaced_option_hint("unrecognized arguments: --data.backend dali")
-    assert "data.input: timm" in replaced_option_hint("unrecognized arguments: --data.worker_transform=timm")
+    assert "data.input: dali" in hint("unrecognized arguments: --data.backend dali")
+    assert "data.input: timm" in hint("unrecognized arguments: --data.worker_transform=timm")
     message = "Group 'data' does not accept option 'device_augment'"
-    assert "data.augment_on: workers (device_augment: false)" in replaced_option_hint(message)
-    assert replaced_option_hint("Group 'model' does not accept option 'backend'") is None
-    assert replaced_option_hint("unrecognized arguments: --data.backends x") is None
+    assert "data.augment_on: workers (device_augment: false)" in hint(message)
+    assert hint("Group 'model' does not accept option 'backend'") is None
+    assert hint("unrecognized arguments: --data.backends x") is None
 
 
 def test_the_console_script_refuses_data_backend_with_the_new_spelling(tmp_path: Path):

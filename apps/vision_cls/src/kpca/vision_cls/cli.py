@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, NoReturn
 
 import lightning.pytorch as pl
-from lightning.pytorch.cli import ArgsType, LightningArgumentParser
+from lightning.pytorch.cli import ArgsType
 
 from kpca.training.checkpointing.weights import load_checkpoint_weights
 from kpca.training.cli import ProjectCLI
@@ -16,7 +15,7 @@ from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.export import export_timm
 from kpca.vision_cls.module import ClassificationModule
-from kpca.vision_cls.replaced_options import replaced_option_hint
+from kpca.vision_cls.replaced_options import REPLACED_OPTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -50,20 +49,6 @@ class VisionTrainer(ProjectTrainer):
         return folder
 
 
-class VisionArgumentParser(LightningArgumentParser):
-    """Lightning's parser whose refusal of a removed ``data`` option also gives the option that replaced it.
-
-    jsonargparse refuses ``--data.backend dali`` (``unrecognized arguments``) and ``backend: dali`` under ``data:`` in
-    a config file (``Group 'data' does not accept option 'backend'``); the message then adds, for example, "data.backend
-    was replaced by data.input: write data.input: dali ..." (:data:`kpca.vision_cls.replaced_options.REPLACED_OPTIONS`).
-    """
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        """Exit (or raise) with ``message``, plus the new spelling if it names a removed ``data`` option."""
-        hint = replaced_option_hint(message)
-        super().error(f"{message}\n{hint}" if hint else message, ex)
-
-
 class VisionCLI(ProjectCLI):
     """Adds best/last checkpoints on ``val/acc1``, attention maps, and the class-count link (to ProjectCLI's)."""
 
@@ -74,16 +59,12 @@ class VisionCLI(ProjectCLI):
 
     monitor, mode = "val/acc1", "max"
     trainer_type = VisionTrainer
+    replaced_data_options = REPLACED_OPTIONS
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         """ProjectCLI's subcommands plus ``export`` (a timm model folder of a checkpoint)."""
         return {**ProjectCLI.subcommands(), "export": {"model", "datamodule"}}
-
-    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        """Lightning's parser, of the class :class:`VisionArgumentParser` (the main command's and each subcommand's)."""
-        self.parser_class = VisionArgumentParser
-        return super().init_parser(**kwargs)
 
     def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(AttentionMaps, "attention_maps")

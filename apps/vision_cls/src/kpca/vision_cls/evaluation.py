@@ -16,7 +16,6 @@ import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -30,7 +29,6 @@ from kpca.training.protocols import (
     ProtocolRule,
     Setting,
     config_entry,
-    is_recorded,
     record_protocol,
 )
 from kpca.training.reports import ReportSchema, markdown_table, write_report
@@ -61,23 +59,7 @@ def read_robustness_report(path: Path) -> dict[str, float]:
         return {row["metric"]: float(row["value"]) for row in csv.DictReader(stream) if row["value"] != ""}
 
 
-@dataclass(frozen=True)
-class MovedSetting(Setting):
-    """A :class:`Setting` whose key moved; a config saved before the move is read at ``old_key``.
-
-    Attributes:
-        old_key: the dotted key the setting had before (``data.eval_subset`` for ``data.eval.subset``).
-    """
-
-    old_key: str = ""
-
-    def difference(self, config: Mapping) -> str | None:
-        """As :meth:`Setting.difference`, at ``old_key`` when the config records the setting there only."""
-        moved = not is_recorded(config_entry(config, self.key)) and is_recorded(config_entry(config, self.old_key))
-        return Setting.difference(replace(self, key=self.old_key), config) if moved else super().difference(config)
-
-
-EVAL_SUBSET = MovedSetting(
+EVAL_SUBSET = Setting(
     "data.eval.subset", None, name="eval.subset", published_text="null (every image)", old_key="data.eval_subset"
 )
 """Every image of each evaluation set (configs saved before ``data.eval`` name it ``data.eval_subset``)."""
@@ -154,7 +136,7 @@ def robustness_protocols(config: Mapping) -> tuple[ProtocolRule, ...]:
             r"imagenet_c/.+",
             (
                 Setting("data.image_size", 224, published_text="224 (the released files are 224x224 crops)"),
-                MovedSetting("data.eval.severities", (1, 2, 3, 4, 5), old_key="data.severities"),
+                Setting("data.eval.severities", (1, 2, 3, 4, 5), old_key="data.severities"),
                 EVAL_SUBSET,
                 *WHOLE_TEST_SET,
                 FP16_AUTOCAST_CLASSIFICATION,

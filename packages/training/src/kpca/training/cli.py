@@ -22,10 +22,10 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import yaml
@@ -50,6 +50,7 @@ from kpca.training.checkpointing.io import remove_leftover_writes
 from kpca.training.checkpointing.origin import app_of, check_origin
 from kpca.training.checkpointing.resume import check_checkpoint, find_resume
 from kpca.training.files import write_atomic
+from kpca.training.replaced_options import parser_with_hints
 from kpca.training.run_config import without_keys
 from kpca.training.run_lock import RunLock
 from kpca.training.trainer import CHECK_DATA, ProjectTrainer
@@ -119,6 +120,9 @@ class ProjectCLI(LightningCLI):
     """The Trainer class; an app whose Trainer subclass adds a subcommand also lists it in :meth:`subcommands`."""
     description: str = "A kpca app: fit, validate, test and analyze models from YAML configs."
     """What the app's command does, shown by ``--help``."""
+    replaced_data_options: ClassVar[Mapping[str, str]] = {}
+    """Removed ``data`` options (name under ``data`` -> the text giving the new spelling), which a parser error about
+    one of them then ends with (:mod:`kpca.training.replaced_options`)."""
     _experiment_lock: Path | None = None
     """The experiment's lock file of ``fit --ckpt_path auto`` (set while resolving it)."""
 
@@ -133,6 +137,13 @@ class ProjectCLI(LightningCLI):
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": self.description},
         )
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Lightning's parser (the main command's and each subcommand's); its errors give the new spelling of a
+        removed ``data`` option (:attr:`replaced_data_options`)."""
+        if self.replaced_data_options:
+            self.parser_class = parser_with_hints(self.replaced_data_options)
+        return super().init_parser(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(Checkpoint, "checkpoint")

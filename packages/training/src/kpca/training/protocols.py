@@ -102,6 +102,8 @@ class Setting:
         matches: which values reproduce the authors' protocol, when more than ``published`` does (default: equal to
             ``published``, lists and tuples alike).
         published_text: how a difference shows the authors' value (default: ``published`` in YAML's spelling).
+        old_key: the dotted key the setting had before it moved (``data.eval_subset`` for ``data.eval.subset``); a
+            config saved before the move, which records the setting there only, is read there.
     """
 
     key: str
@@ -110,6 +112,7 @@ class Setting:
     default: object = None
     matches: Callable[[object], bool] | None = None
     published_text: str = ""
+    old_key: str | None = None
 
     @property
     def label(self) -> str:
@@ -123,6 +126,8 @@ class Setting:
         """
         published = self.published_text or value_text(self.published)
         value = config_entry(config, self.key)
+        if not is_recorded(value) and self.old_key is not None:
+            value = config_entry(config, self.old_key)
         if not is_recorded(value):
             return f"{self.label} not recorded (published: {published})"
         if value is None:

@@ -1,0 +1,43 @@
+"""Removed ``data`` options of an app's command, and the new spelling a parser error about one of them adds.
+
+jsonargparse refuses a removed option on the command line (``unrecognized arguments: --data.eval_subset=16``) and in
+a config file (``Group 'data' does not accept option 'eval_subset'``). An app lists its removed options in
+:attr:`kpca.training.cli.ProjectCLI.replaced_data_options` (option name under ``data`` -> the text that gives its
+new spelling); :func:`parser_with_hints` gives the parser class whose error then adds that text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import NoReturn
+
+from lightning.pytorch.cli import LightningArgumentParser
+
+
+def replaced_option_hint(message: str, replaced: Mapping[str, str]) -> str | None:
+    """The new spelling of the first removed ``data`` option that a parser error ``message`` names, else None.
+
+    Args:
+        message: jsonargparse's error message.
+        replaced: removed option name under ``data`` -> the text that gives its new spelling.
+    """
+    if not replaced:
+        return None
+    names = "|".join(map(re.escape, replaced))
+    match = re.search(rf"\bdata\.({names})\b|'data' does not accept option '({names})'", message)
+    return replaced[match.group(1) or match.group(2)] if match else None
+
+
+def parser_with_hints(replaced: Mapping[str, str]) -> type[LightningArgumentParser]:
+    """Lightning's parser class whose refusal of a removed ``data`` option also gives what replaced it."""
+
+    class HintingArgumentParser(LightningArgumentParser):
+        """Lightning's parser; an error naming a removed ``data`` option ends with its new spelling."""
+
+        def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+            """Exit (or raise) with ``message``, plus the new spelling if it names a removed ``data`` option."""
+            hint = replaced_option_hint(message, replaced)
+            super().error(f"{message}\n{hint}" if hint else message, ex)
+
+    return HintingArgumentParser
