@@ -139,8 +139,10 @@ class ProjectCLI(LightningCLI):
         )
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        """Lightning's parser (the main command's and each subcommand's); its errors give the new spelling of a
-        removed ``data`` option (:attr:`replaced_data_options`)."""
+        """Lightning's parser, the main command's and each subcommand's.
+
+        Its errors give the new spelling of a removed ``data`` option (:attr:`replaced_data_options`).
+        """
         if self.replaced_data_options:
             self.parser_class = parser_with_hints(self.replaced_data_options)
         return super().init_parser(**kwargs)
