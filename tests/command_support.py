@@ -56,7 +56,7 @@ LAUNCHERS = ("docker/launch_torchrun.sh", "docker/launch_slurm.sh")
 """Scripts whose first argument names an app (``vision_cls``) and whose other arguments are the app's."""
 
 EXPERIMENT_MODULE = "kpca.training.experiment.cli"
-REPORT_MODULE = "kpca.training.compare"
+REPORT_MODULE = "kpca.training.results.compare"
 
 
 def doc_pages() -> list[Path]:
@@ -408,7 +408,8 @@ def parse_experiment(argv: Sequence[str], parse_steps: bool = True) -> str | Non
 
 def parse_report(argv: Sequence[str]) -> str | None:
     """None when ``kpca-report`` accepts ``argv``: its parser, and what its ``main`` refuses (no root, unknown task)."""
-    from kpca.training.compare import _parser, installed_tasks
+    from kpca.training.results.collect import installed_tasks
+    from kpca.training.results.compare import _parser
 
     message, args = parse_argparse(_parser(), argv)
     if message is not None or args is None or args.task == "":  # --task alone lists the tasks

@@ -161,7 +161,7 @@ def test_kpca_experiment_help_examples_are_accepted(capsys):
 
 def test_kpca_report_help_lists_the_installed_tasks_and_working_examples(capsys):
     """The task list is the installed entry points' (every app's), and the three examples parse."""
-    from kpca.training import compare
+    from kpca.training.results import compare
 
     out = help_of(compare.main, ["--help"], capsys)
     assert out.startswith("usage: kpca-report ") and not RAW_RST.findall(out)

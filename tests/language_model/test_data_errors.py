@@ -16,9 +16,9 @@ import pytest
 
 from kpca.language_model.corpus import SPLITS, split_file
 from kpca.language_model.data import WikiTextDataModule, prepare_tokens
-from kpca.language_model.text_check import find_invalid_utf8
+from kpca.language_model.data_checks import find_invalid_utf8
 from kpca.language_model.tokenizer import MIN_VOCAB_SIZE, Tokenizer, TokenizerConfig
-from kpca.training.data_check import DataError
+from kpca.training.data_checks.problems import DataError
 from tests.cli_support import CONFIGS, CPU
 
 SMOKE = CONFIGS / "language_model" / "smoke.yaml"

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from kpca.segmentation.data import ADE20KDataModule
-from kpca.training.data_check import DataError
+from kpca.training.data_checks.problems import DataError
 
 pytestmark = pytest.mark.mmseg
 
@@ -115,7 +115,7 @@ def test_skip_mode_trains_on_the_other_pairs_and_counts_the_damaged_ones(
     truncate(annotation(root, "training", 2))
     resave(annotation(root, "training", 5), lambda labels: labels[:30])
     data = datamodule(root, bad_files="skip", max_bad_fraction=0.25)
-    with caplog.at_level(logging.WARNING, logger="kpca.training.bad_files"):
+    with caplog.at_level(logging.WARNING, logger="kpca.training.data_checks.bad_files"):
         assert read_all(data, "train") == 8 and read_all(data, "train") == 8
     assert data.train_set.bad_count == 2
     warned = " ".join(record.getMessage() for record in caplog.records)

@@ -15,16 +15,16 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
-from kpca.training.bad_files import (
+from kpca.training.data_checks.bad_files import (
     BAD_FILES_METRIC,
     EVALUATION_FIX,
     TRAINING_FIX,
     BadFilesMonitor,
     NamedFileErrors,
     check_bad_files_options,
-    strict_image_decoding,
 )
-from kpca.training.data_check import DataError, DataProblem
+from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.images.decoding import strict_image_decoding
 
 NO_WORKERS = pytest.mark.filterwarnings("ignore:The 'train_dataloader' does not have many workers")
 
@@ -117,7 +117,7 @@ def test_skip_mode_returns_the_next_readable_item_and_warns_once_per_file(
 ):
     paths = write_jpegs(tmp_path, 6, damaged=(1, 2))
     dataset = named(tmp_path, mode="skip", max_bad_fraction=0.5)
-    with caplog.at_level(logging.WARNING, logger="kpca.training.bad_files"):
+    with caplog.at_level(logging.WARNING, logger="kpca.training.data_checks.bad_files"):
         for _ in range(2):  # two epochs
             items = [dataset[i] for i in range(len(dataset))]
     assert torch.equal(items[1][0], dataset.dataset[3][0]) and torch.equal(items[2][0], items[3][0])

@@ -14,10 +14,11 @@ import pytest
 from lightning.pytorch.demos.boring_classes import BoringModel
 from PIL import Image
 
-from kpca.training import data_check
 from kpca.training.cli import ProjectCLI
 from kpca.training.data import ProjectDataModule
-from kpca.training.data_check import DataCheckResult, DataProblem, run_data_check
+from kpca.training.data_checks import check_data
+from kpca.training.data_checks.check_data import DataCheckResult, run_data_check
+from kpca.training.data_checks.problems import DataProblem
 from kpca.training.trainer import CHECK_DATA
 from kpca.vision_cls.cli import main as vision_main
 from tests.cli_support import CONFIGS, run_cli
@@ -168,7 +169,7 @@ def test_run_data_check_sets_the_workers_and_times_the_check(tmp_path: Path, mon
     (tmp_path / "a.txt").write_text("a")
     (tmp_path / "b.txt").touch()
     clock = Clock(100.0)
-    monkeypatch.setattr(data_check, "time", clock)  # the module's clock only, not the time module
+    monkeypatch.setattr(check_data, "time", clock)  # the module's clock only, not the time module
     data = TimedFilesData(str(tmp_path), clock, seconds=2.5)
     result = run_data_check(data, workers=1, progress=False)
     assert data.num_workers == 1

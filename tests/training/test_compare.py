@@ -12,8 +12,9 @@ import yaml
 
 from kpca.language_model.perplexity import PERPLEXITY_REPORT
 from kpca.segmentation.evaluation import SEGMENTATION_REPORT
-from kpca.training.compare import collect_runs, compare, group_runs, installed_tasks, main, model_label, report_schema
-from kpca.training.reports import ReportSchema
+from kpca.training.results.collect import collect_runs, group_runs, installed_tasks, model_label, report_schema
+from kpca.training.results.compare import compare, main
+from kpca.training.results.schema import ReportSchema
 from kpca.vision_cls.evaluation import ROBUSTNESS_REPORT
 
 APP_REPORTS = {

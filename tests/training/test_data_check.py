@@ -1,11 +1,12 @@
-"""kpca.training.data_check: the problems table, the parallel per-file check, and DataError across workers."""
+"""kpca.training.data_checks: the problems table, the parallel per-file check, and DataError across workers."""
 
 from __future__ import annotations
 
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
-from kpca.training.data_check import DataError, DataProblem, check_in_workers, format_problems
+from kpca.training.data_checks.check_data import check_in_workers
+from kpca.training.data_checks.problems import DataError, DataProblem, format_problems
 
 
 def _odd_is_damaged(item: int) -> list[DataProblem]:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from kpca.training.callbacks import HParamsSummary
-from kpca.training.protocols import (
+from kpca.training.results.protocol import (
     WHOLE_TEST_SET,
     ProtocolRule,
     Setting,
@@ -24,7 +24,7 @@ from kpca.training.protocols import (
     read_protocol_file,
     record_protocol,
 )
-from kpca.training.reports import ReportSchema
+from kpca.training.results.schema import ReportSchema
 
 SAVED = {
     "trainer": {"precision": "bf16-mixed", "limit_test_batches": None, "fast_dev_run": False},
@@ -107,7 +107,7 @@ SCHEMA = ReportSchema("report", lambda path: {}, (r"clean/.+", r"corrupted/.+"),
 
 def test_a_test_run_records_protocol_json_and_a_markdown_section(tmp_path: Path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(SAVED))
-    section = record_protocol(SCHEMA, tmp_path, ["clean/acc1", "corrupted/acc1"])
+    section = record_protocol(SCHEMA.protocols, tmp_path, ["clean/acc1", "corrupted/acc1"])
     assert json.loads((tmp_path / "protocol.json").read_text()) == {
         "clean": {"protocol": "published", "comparable_with_published": True, "differences": []},
         "corrupted": {
@@ -138,7 +138,7 @@ class Module(pl.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         Path(self.trainer.log_dir, "config.yaml").write_text(yaml.safe_dump(SAVED))
-        record_protocol(SCHEMA, self.trainer.log_dir, ["clean/acc1"])
+        record_protocol(SCHEMA.protocols, self.trainer.log_dir, ["clean/acc1"])
 
 
 def test_the_hparams_summary_of_a_test_run_carries_the_protocol_of_each_group(tmp_path: Path):

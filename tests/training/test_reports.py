@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from kpca.training.reports import markdown_table, write_report
+from kpca.training.results.tables import markdown_table, write_report
 
 
 def test_write_report(tmp_path):
@@ -52,12 +52,12 @@ def test_markdown_table_columns_in_first_seen_order_with_4_decimal_floats():
 def test_show_logs_the_markdown_table_at_info(tmp_path, caplog):
     rows = [{"dataset": "val", "acc1": 0.75}]
     table = markdown_table(rows)
-    with caplog.at_level(logging.INFO, logger="kpca.training.reports"):
+    with caplog.at_level(logging.INFO, logger="kpca.training.results.tables"):
         md_path, _ = write_report(rows, tmp_path, "shown", show=True)
-    shown = [r for r in caplog.records if r.name == "kpca.training.reports" and table in r.getMessage()]
+    shown = [r for r in caplog.records if r.name == "kpca.training.results.tables" and table in r.getMessage()]
     assert len(shown) == 1 and shown[0].levelno == logging.INFO and str(md_path) in shown[0].getMessage()
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="kpca.training.reports"):
+    with caplog.at_level(logging.INFO, logger="kpca.training.results.tables"):
         write_report(rows, tmp_path, "hidden")
-    messages = [r.getMessage() for r in caplog.records if r.name == "kpca.training.reports"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "kpca.training.results.tables"]
     assert messages and not any(table in message for message in messages)  # only the "wrote ..." line

@@ -10,8 +10,8 @@ import pytest
 from PIL import Image, ImageFile
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from kpca.training.bad_files import BAD_FILES_METRIC
-from kpca.training.data_check import DataError, DataProblem
+from kpca.training.data_checks.bad_files import BAD_FILES_METRIC
+from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.eval_data import EvalData

@@ -15,7 +15,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from kpca.training.compare import main as kpca_report
+from kpca.training.results.compare import main as kpca_report
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.evaluation import ON_THE_FLY_CORRUPTIONS, ROBUSTNESS_REPORT
 from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, printed_config, run_cli, smoke_options

@@ -17,8 +17,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from kpca.language_model.text_check import find_invalid_utf8, invalid_utf8_problem
-from kpca.training.data_check import DataError
+from kpca.language_model.data_checks import find_invalid_utf8, invalid_utf8_problem
+from kpca.training.data_checks.problems import DataError
 from kpca.training.files import write_atomic
 
 SPLITS = ("train", "valid", "test")

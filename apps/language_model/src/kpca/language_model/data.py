@@ -33,12 +33,13 @@ from kpca.language_model.corpus import (
     split_file,
     write_builtin_corpus,
 )
-from kpca.language_model.text_check import check_text_file
+from kpca.language_model.data_checks import check_text_file
 from kpca.language_model.tokenizer import Tokenizer, TokenizerConfig, train_tokenizer
 from kpca.language_model.word_swap import WordSwap, word_swap
 from kpca.language_model.word_tokenizer import WordTokenizer
 from kpca.training.data import ProjectDataModule
-from kpca.training.data_check import DataError, DataProblem, check_in_workers
+from kpca.training.data_checks.check_data import check_in_workers
+from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.training.files import write_atomic
 
 BUILTIN = "builtin"

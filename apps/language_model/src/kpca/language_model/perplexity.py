@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 from torchmetrics import Metric
 
-from kpca.training.protocols import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
-from kpca.training.reports import ReportSchema, markdown_table, write_report
+from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
+from kpca.training.results.schema import ReportSchema
+from kpca.training.results.tables import markdown_table, write_report
 
 
 def read_perplexity_report(path: Path) -> dict[str, float]:
@@ -135,5 +136,5 @@ def write_perplexity_report(rows: list[dict], out_dir: str | os.PathLike[str]) -
     for row in rows:
         base = clean.get(row["set"].removesuffix("_wordswap"))
         row["ppl_word_vs_clean"] = row["ppl_word"] / base["ppl_word"] if base else None
-    section = record_protocol(PERPLEXITY_REPORT, out_dir, [f"{row['set']}/ppl" for row in rows])
+    section = record_protocol(PERPLEXITY_REPORT.protocols, out_dir, [f"{row['set']}/ppl" for row in rows])
     write_report(rows, out_dir, PERPLEXITY_REPORT.stem, show=True, markdown=markdown_table(rows) + section)

@@ -24,7 +24,7 @@ import sentencepiece as spm
 
 from kpca.language_model.corpus import file_digest
 from kpca.language_model.word_tokenizer import WordTokenizer, build_word_tokenizer
-from kpca.training.data_check import DataError, DataProblem
+from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.training.files import write_tree_atomic
 
 UNK_ID, EOS_ID = 0, 1  # sentencepiece's; the word vocabulary puts <eos> first (id 0), as the authors'

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kpca.training.image_corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_SEVERITIES, check_corruptions
+from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_SEVERITIES, check_corruptions
 
 ELLIPTICAL_CORRUPTIONS: tuple[str, ...] = (
     *("gaussian_noise", "shot_noise", "speckle_noise", "impulse_noise"),  # noise_list

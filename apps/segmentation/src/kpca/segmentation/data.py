@@ -7,10 +7,10 @@ annotation after ``Resize`` in its test pipeline), plus ``names``. Labels follow
 ("other") becomes 255 (ignored) and class k becomes k - 1, so 150 classes 0..149. Nothing is normalised here; the
 model normalises inside, so corruptions act on real pixels.
 
-Every read error names its file (:mod:`kpca.segmentation.data_checks`): an image or annotation that does not decode,
-an annotation whose size differs from its image's, or label values outside the classes (reported as on disk) is a
-:class:`~kpca.training.data_check.DataError`, in training and evaluation. With ``bad_files=skip`` the training set
-skips damaged pairs (:class:`~kpca.training.bad_files.NamedFileErrors`); evaluation sets never do.
+Every read error names its file (:mod:`kpca.segmentation.data_checks`): an image or annotation that does not decode, an
+annotation whose size differs from its image's, or label values outside the classes (reported as on disk) is a
+:class:`~kpca.training.data_checks.problems.DataError`, in training and evaluation. With ``bad_files=skip`` the training
+set skips damaged pairs (:class:`~kpca.training.data_checks.bad_files.NamedFileErrors`); evaluation sets never do.
 
 Importing this module installs the ``mmcv.ops`` shim first (``kpca.segmentation``), and the dataset class that
 DataLoader workers unpickle lives here, so spawned workers import the shim before mmseg too.
@@ -35,10 +35,11 @@ from torch.utils.data import DataLoader, Dataset
 from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
 from kpca.segmentation.corruption_sets import resolve_corruption_set
 from kpca.segmentation.data_checks import guard_pipeline, pair_problems, split_problems
-from kpca.training.bad_files import BadFilesMode, NamedFileErrors, check_bad_files_options
 from kpca.training.data import ProjectDataModule, evenly_spaced, require_built
-from kpca.training.data_check import DataError, DataProblem, check_in_workers
-from kpca.training.image_corruptions import check_corruptions, corrupt_seeded
+from kpca.training.data_checks.bad_files import BadFilesMode, NamedFileErrors, check_bad_files_options
+from kpca.training.data_checks.check_data import check_in_workers
+from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.images.corruptions import check_corruptions, corrupt_seeded
 
 ADE20K_LAYOUT = (
     "root/images/{training,validation}/*.jpg and root/annotations/{training,validation}/*.png (ADEChallengeData2016)"

@@ -1,10 +1,10 @@
 """Damaged ADE20K data, named by file: checked pipeline steps, the cheap checks of ``setup``, and ``check-data``.
 
-:func:`guard_pipeline` makes mmseg's loading steps name their file when decoding fails and adds
-:class:`CheckAnnotation` after ``LoadAnnotations``: an annotation whose size differs from its image's, or whose
-label values are outside the classes, is a :class:`~kpca.training.data_check.DataError` naming the files and the
-values as they are on disk, in training and in evaluation alike. :func:`pair_problems` is the per-pair check of
-``segmentation check-data``: both files decode to the end, sizes equal, label values in range.
+:func:`guard_pipeline` makes mmseg's loading steps name their file when decoding fails and adds :class:`CheckAnnotation`
+after ``LoadAnnotations``: an annotation whose size differs from its image's, or whose label values are outside the
+classes, is a :class:`~kpca.training.data_checks.problems.DataError` naming the files and the values as they are on
+disk, in training and in evaluation alike. :func:`pair_problems` is the per-pair check of ``segmentation check-data``:
+both files decode to the end, sizes equal, label values in range.
 
 Label values on disk (ADE20K, ``reduce_zero_label``): 0 is "other" (ignored), 1..K the K classes, 255 ignored.
 """
@@ -20,8 +20,9 @@ from mmcv.transforms import LoadImageFromFile
 from mmseg.datasets.transforms import LoadAnnotations
 from PIL import Image
 
-from kpca.training.bad_files import EVALUATION_FIX, TRAINING_FIX, describe_error, strict_image_decoding
-from kpca.training.data_check import DataError, DataProblem
+from kpca.training.data_checks.bad_files import EVALUATION_FIX, TRAINING_FIX, describe_error
+from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.images.decoding import strict_image_decoding
 
 IGNORED_ON_DISK = 255
 """A label value on disk that is ignored whatever the classes (mmseg's ignore index)."""

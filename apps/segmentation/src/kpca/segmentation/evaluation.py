@@ -1,6 +1,6 @@
 """Clean and corrupted ADE20K evaluation: metrics per corruption and severity, their means, and the reports.
 
-Reports (Markdown and CSV, written atomically with ``kpca.training.reports.write_report``) in the log dir:
+Reports (Markdown and CSV, written atomically with ``kpca.training.results.tables.write_report``) in the log dir:
 
 * ``segmentation.{md,csv}``: one row per evaluation set (clean, then each corruption at each severity), one mean
   row per corruption over its severities, and the mean over all corrupted sets; aAcc, mAcc and mIoU in %, and
@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 from kpca.segmentation.corruption_sets import CORRUPTION_PRESETS
-from kpca.training.protocols import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
-from kpca.training.reports import ReportSchema, markdown_table, write_report
+from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
+from kpca.training.results.schema import ReportSchema
+from kpca.training.results.tables import markdown_table, write_report
 
 METRICS = ("aAcc", "mAcc", "mIoU")
 EvalSets = Sequence[tuple[str, str | None, int | None]]
@@ -175,7 +176,9 @@ def write_reports(
     """
     rows = summary_rows(per_set, eval_sets)
     groups = {"clean" if corruption is None else "corrupted" for _, corruption, _ in eval_sets}
-    section = record_protocol(SEGMENTATION_REPORT, out_dir, [f"{group}/{m}" for group in groups for m in METRICS])
+    section = record_protocol(
+        SEGMENTATION_REPORT.protocols, out_dir, [f"{group}/{m}" for group in groups for m in METRICS]
+    )
     markdown = markdown_table(rows) + section
     paths = list(write_report(rows, out_dir, SEGMENTATION_REPORT.stem, show=True, markdown=markdown))
     if "clean" in per_set:

@@ -11,7 +11,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision import transforms
 
-from kpca.training.image_corruptions import check_corruptions, corrupt_seeded
+from kpca.training.images.corruptions import check_corruptions, corrupt_seeded
 
 
 class CorruptedDataset(Dataset):

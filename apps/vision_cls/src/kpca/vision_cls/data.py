@@ -37,10 +37,10 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
-from kpca.training.bad_files import BadFilesMode, check_bad_files_options
 from kpca.training.choices import check_choice
 from kpca.training.data import ProjectDataModule, require_built
-from kpca.training.data_check import DataProblem
+from kpca.training.data_checks.bad_files import BadFilesMode, check_bad_files_options
+from kpca.training.data_checks.problems import DataProblem
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
 from kpca.vision_cls.data_checks import (
     check_image_folders,

@@ -1,10 +1,10 @@
 """Damaged image data, named by file: the datasets' read errors, the cheap checks of ``setup``, and ``check-data``.
 
 :func:`training_set` and :func:`evaluation_set` wrap an ImageFolder-based dataset in
-:class:`~kpca.training.bad_files.NamedFileErrors` (paths from ImageFolder's ``samples``, through ``Subset`` and the
-on-the-fly corruptions). :func:`require_nonempty_class_folders` is the cheap check ``setup`` runs before the model is
-built (torchvision's own error names neither the split nor the root). :func:`check_image_folders` is the full check
-behind ``vision-cls check-data``: every file of every configured split decodes to the end, class folders are not
+:class:`~kpca.training.data_checks.bad_files.NamedFileErrors` (paths from ImageFolder's ``samples``, through ``Subset``
+and the on-the-fly corruptions). :func:`require_nonempty_class_folders` is the cheap check ``setup`` runs before the
+model is built (torchvision's own error names neither the split nor the root). :func:`check_image_folders` is the full
+check behind ``vision-cls check-data``: every file of every configured split decodes to the end, class folders are not
 empty, and ImageNet-C holds every corruption x severity folder.
 """
 
@@ -20,15 +20,16 @@ from PIL import Image
 from torch.utils.data import Dataset, Subset
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
-from kpca.training.bad_files import (
+from kpca.training.data_checks.bad_files import (
     EVALUATION_FIX,
     TRAINING_FIX,
     BadFilesMode,
     NamedFileErrors,
     describe_error,
-    strict_image_decoding,
 )
-from kpca.training.data_check import DataError, DataProblem, check_in_workers
+from kpca.training.data_checks.check_data import check_in_workers
+from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.images.decoding import strict_image_decoding
 from kpca.vision_cls.robustness import check_class_folders
 
 IMAGE_EXTENSIONS = ", ".join(IMG_EXTENSIONS)

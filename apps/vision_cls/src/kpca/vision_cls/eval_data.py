@@ -36,7 +36,7 @@ from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
 from kpca.training.data import evenly_spaced
-from kpca.training.image_corruptions import check_corruptions
+from kpca.training.images.corruptions import check_corruptions
 from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.image_folders import ClassListImageFolder, class_folders
 from kpca.vision_cls.robustness import SubsetName, check_class_folders, subset_synsets

@@ -24,14 +24,9 @@ from torch import nn
 from torchmetrics import CatMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from kpca.training.protocols import (
-    WHOLE_TEST_SET,
-    ProtocolRule,
-    Setting,
-    config_entry,
-    record_protocol,
-)
-from kpca.training.reports import ReportSchema, markdown_table, write_report
+from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, config_entry, record_protocol
+from kpca.training.results.schema import ReportSchema
+from kpca.training.results.tables import markdown_table, write_report
 from kpca.vision_cls.attacks import AttackSpec, predicted_labels, run_attack
 from kpca.vision_cls.eval_data import EvalSet
 from kpca.vision_cls.robustness import (
@@ -356,7 +351,7 @@ class RobustnessEvaluator:
             if count is not None:
                 row["n"] = int(count)
             rows.append(row)
-        section = record_protocol(ROBUSTNESS_REPORT, out_dir, [row["metric"] for row in rows])
+        section = record_protocol(ROBUSTNESS_REPORT.protocols, out_dir, [row["metric"] for row in rows])
         paths = list(write_report(rows, out_dir, self.report_name, show=True, markdown=markdown_table(rows) + section))
         for kind in ("corrupted", "imagenet_c"):
             per_set = {

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_average_precision
 
-from kpca.training.image_corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_GROUPS, IMAGENET_C_SEVERITIES
+from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_GROUPS, IMAGENET_C_SEVERITIES
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from kpca.attention.capture import attention_layers, project_qkv, record_attenti
 from kpca.attention.kernel_pca import kernel_pca_diagnostics
 from kpca.training.callbacks import layer_tag, tensorboard_writer
 from kpca.training.files import write_atomic
-from kpca.training.reports import markdown_table, write_report
+from kpca.training.results.tables import markdown_table, write_report
 
 logger = logging.getLogger(__name__)
 

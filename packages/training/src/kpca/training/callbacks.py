@@ -17,7 +17,7 @@ from torch import nn
 
 from kpca.attention import RPCAttention
 from kpca.training.choices import check_choice
-from kpca.training.protocols import read_protocol_file
+from kpca.training.results.protocol import read_protocol_file
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from kpca.training.analysis import KernelPCAMonitor
-from kpca.training.bad_files import BadFilesMonitor
 from kpca.training.callbacks import (
     DeferredSlurmRequeue,
     HParamsSummary,
@@ -49,6 +48,7 @@ from kpca.training.checkpointing.callback import Checkpoint
 from kpca.training.checkpointing.io import remove_leftover_writes
 from kpca.training.checkpointing.origin import app_of, check_origin
 from kpca.training.checkpointing.resume import check_checkpoint, find_resume
+from kpca.training.data_checks.bad_files import BadFilesMonitor
 from kpca.training.files import write_atomic
 from kpca.training.replaced_options import parser_with_hints
 from kpca.training.run_config import without_keys

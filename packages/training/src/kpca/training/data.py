@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from kpca.training.data_check import DataProblem
+from kpca.training.data_checks.problems import DataProblem
 from kpca.training.resumable import ResumableLoader, resumable_loader
 
 T = TypeVar("T")
@@ -204,14 +204,13 @@ class ProjectDataModule(pl.LightningDataModule):
     def check_data(self, progress: bool = True) -> tuple[int, list[DataProblem]]:
         """Check every file of the configured splits: ``(files checked, problems)``, for ``<app> check-data``.
 
-        Called on a fresh datamodule (neither ``prepare_data`` nor ``setup`` has run; the command builds no model
-        and no trainer). It verifies what can be verified (files decode, image and annotation sizes agree, label
-        values are in range, text is UTF-8, splits and class folders are not empty, configured folders exist),
-        reads the files with :func:`kpca.training.data_check.check_in_workers` in ``self.num_workers`` workers
-        (the command's ``--workers`` sets it), reports every problem as a
-        :class:`kpca.training.data_check.DataProblem` naming the file (absolute path), the split, what is wrong
-        (values as on disk) and the fix, and raises nothing for damaged data. It may write what ``prepare_data``
-        would (built-in data, a tokenizer) and nothing else.
+        Called on a fresh datamodule (neither ``prepare_data`` nor ``setup`` has run; the command builds no model and no
+        trainer). It verifies what can be verified (files decode, image and annotation sizes agree, label values are in
+        range, text is UTF-8, splits and class folders are not empty, configured folders exist), reads the files with
+        :func:`kpca.training.data_checks.check_data.check_in_workers` in ``self.num_workers`` workers (the command's
+        ``--workers`` sets it), reports every problem as a :class:`kpca.training.data_checks.problems.DataProblem`
+        naming the file (absolute path), the split, what is wrong (values as on disk) and the fix, and raises nothing
+        for damaged data. It may write what ``prepare_data`` would (built-in data, a tokenizer) and nothing else.
 
         Args:
             progress: show a progress bar on stderr.

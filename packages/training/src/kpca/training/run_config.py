@@ -2,7 +2,7 @@
 
 Two callers compare saved configurations and each ignores its own run-specific keys: resuming
 (:class:`kpca.training.cli.ProjectCLI`) ignores what resuming itself sets, ``kpca-report``
-(:mod:`kpca.training.compare`) also the seed and the output folders. Both strip them with :func:`without_keys`.
+(:mod:`kpca.training.results`) also the seed and the output folders. Both strip them with :func:`without_keys`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import torch
 
 from kpca.training.analysis import analyze_network, network_inputs, write_analysis
 from kpca.training.checkpointing.weights import load_checkpoint_weights
-from kpca.training.data_check import DataCheckResult, format_problems, run_data_check
+from kpca.training.data_checks.check_data import DataCheckResult, run_data_check
+from kpca.training.data_checks.problems import format_problems
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``<out>/report.md`` holds, under the plan's title: for a plan with steps not done yet, the status table
 (:func:`kpca.training.experiment.status.status_markdown`) and whatever results exist so far; the ``kpca-report``
-comparison of the plan's runs (:func:`kpca.training.compare.compare`: ``comparison.{md,csv,png}``, one row per
+comparison of the plan's runs (:func:`kpca.training.results.compare.compare`: ``comparison.{md,csv,png}``, one row per
 model, mean ± std over seeds); the headlines (each a mean over metric regexes, mean ± std over seeds, and which run
 is higher by how much); each run's own evaluation report (the first seed's in full, the others linked); the
 merged kernel-PCA tables of the ``analyze`` steps (``kernel_pca.{md,csv,png}``, the first seed of each run) when the
@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kpca.training.analysis import analysis_markdown, read_analysis, write_analysis
-from kpca.training.compare import Run, collect_runs, compare, report_schema
 from kpca.training.experiment.plan import Plan, PlanError, PlannedRun, step_folder
 from kpca.training.experiment.status import status_markdown, step_states
 from kpca.training.files import write_atomic
-from kpca.training.reports import ReportSchema
+from kpca.training.results.collect import Run, collect_runs, report_schema
+from kpca.training.results.compare import compare
+from kpca.training.results.schema import ReportSchema
 
 REPORT_FILE = "report.md"
 COMPARISON = "comparison"

@@ -28,7 +28,7 @@ import yaml
 from kpca.training.checkpointing.resume import checkpoint_problem
 from kpca.training.experiment.plan import Plan, PlannedRun, step_folder
 from kpca.training.experiment.steps import log_path, marker, read_marker
-from kpca.training.reports import markdown_table
+from kpca.training.results.tables import markdown_table
 from kpca.training.run_lock import process_is_running, process_start_time
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpca.training.data_check import DataProblem
+from kpca.training.data_checks.problems import DataProblem
 
 _CHUNK = 1 << 18  # 256 KiB per read: the decoded text stays in the CPU cache (faster than bigger reads)
 _COUNT_LIMIT = 100  # invalid sequences counted per file before the count stops ("at least 100")

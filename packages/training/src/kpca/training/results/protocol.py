@@ -1,12 +1,12 @@
 """Protocol provenance: under which evaluation protocol each column group of a report was measured.
 
-An app declares, next to its report's :class:`~kpca.training.reports.ReportSchema`, one :class:`ProtocolRule` per
+An app declares, next to its report's :class:`~kpca.training.results.schema.ReportSchema`, one :class:`ProtocolRule` per
 column group of the report (e.g. ``clean``, ``attack/pgd-reference-predicted``): the config settings that define how
 the group is measured, each with the authors' value (:class:`Setting`), and the differences that no setting removes
 (``fixed``, read from docs/protocols.md), which keep the group from ever being ``published``.
 
 :func:`protocol_of` reads a run's saved LightningCLI ``config.yaml`` (the same dict ``kpca-report`` reads, so runs
-made before this module get a protocol too) and gives each group a :class:`Protocol`: ``published`` when every
+made before this module get a protocol too) and gives each group a :class:`EvaluationProtocol`: ``published`` when every
 setting has the authors' value and nothing fixed differs, else ``ours: <the differences>``. A setting the config does
 not record at all counts as a difference (``not recorded``): a protocol is ``published`` only on evidence.
 
@@ -22,14 +22,10 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
 from kpca.training.files import write_atomic
-
-if TYPE_CHECKING:
-    from kpca.training.reports import ReportSchema
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +174,7 @@ ProtocolRules = tuple[ProtocolRule, ...] | Callable[[Mapping], Sequence[Protocol
 
 
 @dataclass(frozen=True)
-class Protocol:
+class EvaluationProtocol:
     """The protocol one column group of a run was measured under.
 
     Attributes:
@@ -206,7 +202,9 @@ class Protocol:
         return re.fullmatch(self.columns, metric) is not None
 
 
-def protocol_of(config: Mapping, rules: ProtocolRules, metrics: Iterable[str] | None = None) -> dict[str, Protocol]:
+def protocol_of(
+    config: Mapping, rules: ProtocolRules, metrics: Iterable[str] | None = None
+) -> dict[str, EvaluationProtocol]:
     """The protocol of each column group of a run, from its saved ``config.yaml``.
 
     Args:
@@ -216,7 +214,7 @@ def protocol_of(config: Mapping, rules: ProtocolRules, metrics: Iterable[str] | 
             returned, and a group missing its ``complete_when`` metric gets its ``incomplete`` difference.
 
     Returns:
-        group -> :class:`Protocol`, in the rules' order.
+        group -> :class:`EvaluationProtocol`, in the rules' order.
     """
     present = None if metrics is None else set(metrics)
     protocols = {}
@@ -228,16 +226,16 @@ def protocol_of(config: Mapping, rules: ProtocolRules, metrics: Iterable[str] | 
         differences += rule.fixed
         if measured is not None and rule.complete_when is not None and rule.complete_when not in present:
             differences.append(rule.incomplete)
-        protocols[rule.group] = Protocol(rule.group, rule.columns, tuple(differences))
+        protocols[rule.group] = EvaluationProtocol(rule.group, rule.columns, tuple(differences))
     return protocols
 
 
-def protocol_lines(protocols: Mapping[str, Protocol]) -> str:
+def protocol_lines(protocols: Mapping[str, EvaluationProtocol]) -> str:
     """One Markdown bullet per group: ``- `<group>`: <protocol text>``."""
     return "".join(f"- `{group}`: {protocol.text}\n" for group, protocol in protocols.items())
 
 
-def protocol_record(protocols: Mapping[str, Protocol]) -> dict[str, dict[str, object]]:
+def protocol_record(protocols: Mapping[str, EvaluationProtocol]) -> dict[str, dict[str, object]]:
     """The content of ``protocol.json``: group -> protocol text, ``comparable_with_published`` and the differences."""
     return {
         group: {
@@ -249,17 +247,17 @@ def protocol_record(protocols: Mapping[str, Protocol]) -> dict[str, dict[str, ob
     }
 
 
-def record_protocol(schema: ReportSchema, run_dir: str | Path, metrics: Iterable[str]) -> str:
+def record_protocol(rules: ProtocolRules, run_dir: str | Path, metrics: Iterable[str]) -> str:
     """Write ``protocol.json`` into a test run's folder and return the "Protocol" section of its report.
 
     The protocol comes from the ``config.yaml`` that LightningCLI saved into ``run_dir`` at setup, through the
-    schema's rules (:meth:`ReportSchema.protocol_of`), for the groups that have one of ``metrics``. Without a
+    report's rules (:func:`protocol_of`), for the groups that have one of ``metrics``. Without a
     ``config.yaml`` (a run outside the app's command line) nothing is written and the section says so.
 
     Args:
-        schema: the app's report schema.
+        rules: the protocol rules of the app's report (its ``ReportSchema.protocols``).
         run_dir: the run's folder, which the report is written into.
-        metrics: the metrics of the report, named as ``schema.read`` names them.
+        metrics: the metrics of the report, named as the report schema's ``read`` names them.
 
     Returns:
         The section's Markdown, starting with a blank line.
@@ -272,7 +270,7 @@ def record_protocol(schema: ReportSchema, run_dir: str | Path, metrics: Iterable
             "docs/protocols.md lists each setting's published value).\n"
         )
     config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
-    protocols = schema.protocol_of(config, metrics)
+    protocols = protocol_of(config, rules, metrics)
     text = json.dumps(protocol_record(protocols), indent=2) + "\n"
     write_atomic(folder / PROTOCOL_FILE, lambda stream: stream.write(text), mode="w", encoding="utf-8")
     logger.info("wrote %s", folder / PROTOCOL_FILE)

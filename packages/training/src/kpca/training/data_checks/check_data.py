@@ -1,4 +1,4 @@
-"""Finding damaged data before it costs a run: problems named by file, and a parallel check over every file.
+"""``check-data``: finding damaged data before it costs a run, with a parallel check over every file.
 
 Every app's datamodule implements ``check_data(progress) -> (files checked, problems)`` (the contract is
 :meth:`kpca.training.data.ProjectDataModule.check_data`; the ``check-data`` subcommand runs it through
@@ -17,60 +17,9 @@ from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader, Dataset
 
+from kpca.training.data_checks.problems import DataProblem
+
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class DataProblem:
-    """One problem found in the data: the file (full path), the split, what is wrong and what to do.
-
-    Attributes:
-        path: the damaged file or folder, as an absolute path.
-        split: the split or set it belongs to (``train``, ``val``, ``imagenet_c/fog/3``, ...).
-        problem: what is wrong, with values as they are on disk.
-        fix: what the user can do about it.
-    """
-
-    path: str
-    split: str
-    problem: str
-    fix: str
-
-    def message(self) -> str:
-        """The problem as one sentence for an exception: path, split, what is wrong, the fix."""
-        return f"{self.path} ({self.split}): {self.problem}. {self.fix}"
-
-
-class DataError(ValueError):
-    """Data that cannot be used, with the problems that make it so (each names its file and the fix).
-
-    Also built from its message alone (``problems`` then empty): that is how PyTorch re-raises an exception from a
-    DataLoader worker in the main process, so a worker's DataError reaches the user as a DataError.
-    """
-
-    def __init__(self, problems: Sequence[DataProblem] | DataProblem | str) -> None:
-        if isinstance(problems, str):
-            self.problems: list[DataProblem] = []
-            super().__init__(problems)
-            return
-        self.problems = [problems] if isinstance(problems, DataProblem) else list(problems)
-        if not self.problems:
-            raise ValueError("DataError needs at least one DataProblem.")
-        lines = [problem.message() for problem in self.problems[:20]]
-        if len(self.problems) > 20:
-            lines.append(f"... and {len(self.problems) - 20} more (run the app's check-data subcommand for all).")
-        super().__init__("\n".join(lines))
-
-
-def format_problems(problems: Sequence[DataProblem]) -> str:
-    """A Markdown table of ``problems`` (path, split, problem, fix), or a line saying there are none."""
-    if not problems:
-        return "No problems found."
-    rows = ["| path | split | problem | fix |", "|---|---|---|---|"]
-    for problem in problems:
-        cells = (problem.path, problem.split, problem.problem, problem.fix)
-        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(rows)
 
 
 class _CheckEach(Dataset):

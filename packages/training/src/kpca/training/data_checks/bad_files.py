@@ -1,20 +1,19 @@
 """Damaged files met while training: named in the error (``data.bad_files: error``) or skipped and counted (``skip``).
 
 :class:`NamedFileErrors` wraps a dataset whose items are read from files. When reading item ``i`` raises, the error
-becomes a :class:`~kpca.training.data_check.DataError` that names the file (``path_of(i)``), the split, what is wrong
-and the fix, chained from the original exception. In ``skip`` mode (training only) the item is replaced by the next
-one that reads, each damaged file is logged once as a WARNING and flagged in a shared-memory tensor, so the flags
-set by DataLoader workers survive them and the main process counts them; past ``max_bad_fraction`` of the set the
-run stops with a DataError. :class:`BadFilesMonitor` logs the count as ``data/bad_files`` at the end of every
-training epoch (the union over DDP ranks), which the run's HParams summary then reports.
+becomes a :class:`~kpca.training.data_checks.problems.DataError` that names the file (``path_of(i)``), the split, what
+is wrong and the fix, chained from the original exception. In ``skip`` mode (training only) the item is replaced by the
+next one that reads, each damaged file is logged once as a WARNING and flagged in a shared-memory tensor, so the flags
+set by DataLoader workers survive them and the main process counts them; past ``max_bad_fraction`` of the set the run
+stops with a DataError. :class:`BadFilesMonitor` logs the count as ``data/bad_files`` at the end of every training epoch
+(the union over DDP ranks), which the run's HParams summary then reports.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -22,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from kpca.training.choices import check_choice
-from kpca.training.data_check import DataError, DataProblem
+from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.training.resumable import training_dataset
 
 logger = logging.getLogger(__name__)
@@ -53,23 +52,6 @@ def check_bad_files_options(bad_files: str, max_bad_fraction: float) -> None:
             f"data.max_bad_fraction={max_bad_fraction} must be a fraction in [0, 1] of the training set that "
             "data.bad_files=skip may skip before the run stops (default 0.001)."
         )
-
-
-@contextmanager
-def strict_image_decoding() -> Iterator[None]:
-    """Decode images with PIL's truncation check on, whatever a library set: a truncated file fails, not padded.
-
-    With ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` true, PIL fills the missing part of a truncated file with grey
-    silently; inside this context it is false (and restored afterwards).
-    """
-    from PIL import ImageFile  # Pillow comes with matplotlib; only the image apps decode images
-
-    previous = ImageFile.LOAD_TRUNCATED_IMAGES
-    ImageFile.LOAD_TRUNCATED_IMAGES = False
-    try:
-        yield
-    finally:
-        ImageFile.LOAD_TRUNCATED_IMAGES = previous
 
 
 def describe_error(error: BaseException) -> str:

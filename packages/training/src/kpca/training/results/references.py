@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpca.training.reports import ReportSchema
+from kpca.training.results.schema import ReportSchema
 
 REFERENCE_COLUMNS = ("model", "source", "protocol")
 """The columns every reference file has besides its metrics."""

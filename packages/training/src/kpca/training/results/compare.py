@@ -1,0 +1,175 @@
+"""``kpca-report``: collect every run's report under a folder into one side-by-side comparison.
+
+A run is a folder that LightningCLI saved a ``config.yaml`` into. Training runs hold ``checkpoints/``;
+evaluation runs (``test``) hold the task's report CSV and name the checkpoint they evaluated in their
+config's ``ckpt_path``, which links them to their training run. Runs whose configurations differ only in
+the seed (and in paths, logger folders) are one model: its row shows mean ± std over the seeds. A
+training run without an evaluation is listed as incomplete with the reason, never dropped silently.
+
+Each app declares its report (a :class:`kpca.training.results.schema.ReportSchema`) next to the code that writes
+it and registers it under a task name in the ``kpca.reports`` entry points; ``kpca-report`` reads only
+what the installed apps register, so a new evaluation needs no change here.
+
+Provenance: each evaluation's protocol per column group comes from its saved config through the schema's protocol
+rules (:mod:`kpca.training.results.protocol`). The evaluation's settings are part of a row's identity, so runs measured
+under different protocols, or evaluated with other settings, are never averaged into one cell: they are separate
+rows (a training run evaluated twice with other settings gives two rows). Cells measured under the authors'
+protocol are marked; each group's protocol is listed under the table and in the CSV's ``protocol:<group>`` columns.
+Reference rows (``--reference``: published numbers, not measured here) are a block of their own, never averaged.
+
+    kpca-report runs/ --task vision_cls          # runs/comparison.md, .csv and .png
+    kpca-report runs/ --task vision_cls --reference paper.csv
+    kpca-report --task                           # the installed tasks
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from kpca.training.files import write_atomic
+from kpca.training.results.collect import collect_runs, group_runs, installed_tasks, report_schema
+from kpca.training.results.references import read_references
+from kpca.training.results.render import comparison_figure, comparison_markdown, comparison_rows, shown_columns
+from kpca.training.results.schema import REPORT_ENTRY_POINTS
+from kpca.training.results.tables import write_report
+
+logger = logging.getLogger(__name__)
+
+
+DESCRIPTION = """\
+Collect the evaluation reports of every run under ROOT into one side-by-side comparison.
+
+A run is a folder holding the config.yaml that LightningCLI saved. An evaluation run (the app's test
+subcommand) names the checkpoint it evaluated in its config's ckpt_path, which links it to its training
+run. Runs whose configs differ only in the seed (and in paths and logger folders) are one model: one row
+with the mean and standard deviation of each metric over the seeds. Runs evaluated with other settings
+(another protocol) are other rows, never averaged together; each column group's protocol is listed under
+the table, and cells measured under the authors' published protocol are marked with a dagger. Writes
+<name>.md, <name>.csv and <name>.png into the output folder and prints the Markdown table; training runs
+without a report are listed with the reason. --reference adds published numbers from a CSV (columns
+model, source, protocol and the report's metric names) as a separate block, never averaged in."""
+
+
+def compare(
+    root: str | Path,
+    task: str,
+    out_dir: str | Path | None = None,
+    name: str = "comparison",
+    only: Iterable[str | Path] | None = None,
+    *,
+    references: Sequence[str | Path] = (),
+) -> Path:
+    """Collect the runs under ``root`` and write ``<name>.md``, ``.csv`` and ``.png`` into ``out_dir`` (default root).
+
+    Args:
+        root: folder searched for run folders.
+        task: an installed report task (:func:`installed_tasks`), e.g. ``vision_cls``.
+        out_dir: output folder, default ``root``.
+        name: file stem of the outputs.
+        only: keep just these run folders (training runs, or standalone evaluations), e.g. a demo's own runs.
+        references: CSV files of published numbers (:mod:`kpca.training.results.references`), shown in a block of their
+            own and as ``reference (<source>)`` rows of the CSV, never averaged with the runs.
+
+    Returns:
+        The Markdown file.
+
+    Raises:
+        ValueError: for an unknown ``task``, a folder without any run, or a reference file that does not fit the
+            task's report.
+    """
+    schema = report_schema(task)
+    reference_rows = read_references(references, schema)
+    runs = collect_runs(root, schema)
+    if only is not None:
+        keep = {Path(folder).resolve() for folder in only}
+        runs = [run for run in runs if run.folder.resolve() in keep]
+    if not runs:
+        raise ValueError(f"no run under {root}: expected folders with a LightningCLI config.yaml (e.g. runs/)")
+    models, incomplete = group_runs(runs)
+    columns = shown_columns(models, schema)
+    out = Path(out_dir) if out_dir is not None else Path(root)
+    markdown = comparison_markdown(models, incomplete, columns, reference_rows, schema.columns)
+    rows = comparison_rows(models, incomplete, columns, reference_rows)
+    md_path, _ = write_report(rows, out, name, markdown=markdown)
+    if models:
+        from matplotlib import pyplot as plt
+
+        fig = comparison_figure(models, columns)
+        write_atomic(out / f"{name}.png", lambda f: fig.savefig(f, format="png", dpi=110))
+        plt.close(fig)
+    for run in incomplete:
+        logger.warning("kpca-report: incomplete run %s: %s", run.folder, run.reason)
+    logger.info("kpca-report: %d models from %d runs -> %s", len(models), len(runs), md_path)
+    return md_path
+
+
+def task_listing() -> str:
+    """The installed report tasks, one a line with the object that declares each (``kpca-report --task``)."""
+    tasks = installed_tasks()
+    if not tasks:
+        return (
+            f"No report tasks installed: no installed app registers one under the {REPORT_ENTRY_POINTS!r} entry "
+            "points (install an app, e.g. pip install -e apps/vision_cls).\n"
+        )
+    width = max(map(len, tasks))
+    lines = [f"  {name:<{width}}  {value}\n" for name, value in tasks.items()]
+    return f"Report tasks of the installed apps ({REPORT_ENTRY_POINTS} entry points):\n" + "".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    examples = (
+        "examples:\n"
+        "  kpca-report runs/ --task vision_cls   writes runs/comparison.md, .csv and .png\n"
+        "  kpca-report runs/ --task vision_cls --reference paper.csv\n"
+        "                                        adds the published numbers of paper.csv as reference rows\n"
+        "  kpca-report --task                    lists the installed tasks\n\n"
+        f"installed tasks: {', '.join(installed_tasks()) or 'none'}"
+    )
+    parser = argparse.ArgumentParser(
+        prog="kpca-report",
+        description=DESCRIPTION,
+        epilog=examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("root", type=Path, nargs="?", help="folder searched for run folders (e.g. runs/)")
+    parser.add_argument(
+        "--task", nargs="?", const="", metavar="TASK",
+        help="the app whose reports to compare (e.g. vision_cls); without a value, list the installed tasks",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: ROOT)")
+    parser.add_argument("--name", default="comparison", help="file stem of the outputs (default: comparison)")
+    parser.add_argument(
+        "--reference", action="append", type=Path, default=[], metavar="CSV",
+        help="published numbers to show beside the runs, never averaged in (repeatable): a CSV with the columns "
+        "model, source (citation or URL), protocol (e.g. published) and metric columns named as the report's",
+    )  # fmt: skip
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The ``kpca-report`` console script: writes the comparison and prints its Markdown (or lists the tasks)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.task == "":
+        sys.stdout.write(task_listing())
+        return
+    if args.task is None or args.root is None:
+        parser.error(
+            "give the runs folder and the task, e.g. kpca-report runs/ --task vision_cls "
+            f"(installed tasks: {', '.join(installed_tasks()) or 'none'})"
+        )
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    try:
+        path = compare(args.root, args.task, args.out, args.name, references=args.reference)
+    except ValueError as error:
+        parser.error(str(error))
+    sys.stdout.write(path.read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    main()
