@@ -2,7 +2,6 @@
 
 import re
 from pathlib import Path
-from typing import get_args
 
 import pytest
 import timm
@@ -10,7 +9,7 @@ import torch
 
 from kpca.attention import AlphaAsymAttention, AttentionSpec, RPCAttention, ScaledAttention, SoftmaxAttention
 from kpca.attention.spec import KINDS
-from kpca.attention.vit import ARCHS, FAMILIES, Arch, create_vit, load_vit_state_dict, model_name
+from kpca.attention.vit import ARCHS, FAMILIES, create_vit, load_vit_state_dict, model_name
 
 from .helpers import assert_vit_holds
 
@@ -18,8 +17,12 @@ TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads
 SHALLOW = {"img_size": 32, "depth": 2}  # DeiT's width and heads, 2 blocks on 2 x 2 patches: fast at any width
 
 
-def test_the_size_table_is_the_arch_literal_and_names_follow_timm():
-    assert tuple(ARCHS) == get_args(Arch)
+def test_each_arch_has_deits_size_and_names_follow_timm():
+    assert ARCHS == {  # a reordered Arch Literal would pair its names with other sizes
+        "deit_tiny": {"embed_dim": 192, "depth": 12, "num_heads": 3},
+        "deit_small": {"embed_dim": 384, "depth": 12, "num_heads": 6},
+        "deit_base": {"embed_dim": 768, "depth": 12, "num_heads": 12},
+    }
     assert model_name("deit_small", "softmax") == "deit_small_patch16_224"  # timm's own DeiT
     assert model_name("deit_base", "rpc") == "rpc_symvit_base_patch16_224"
 
@@ -51,7 +54,8 @@ def test_create_vit_has_deits_size_and_the_attention_asked_for(kind, first, rest
 def test_create_vit_drops_none_overrides_and_names_a_bad_arch():
     vit = create_vit("deit_tiny", embed_dim=None, depth=2, img_size=32, num_classes=3)
     assert (vit.embed_dim, len(vit.blocks), vit.num_classes) == (192, 2, 3)
-    with pytest.raises(ValueError, match=re.escape("arch must be one of ['deit_base', 'deit_small', 'deit_tiny']")):
+    message = "arch='deit_huge' is not one of 'deit_tiny', 'deit_small', 'deit_base'; choose one of DeiT's sizes."
+    with pytest.raises(ValueError, match=re.escape(message)):
         create_vit("deit_huge")
 
 

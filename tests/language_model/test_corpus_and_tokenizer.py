@@ -76,7 +76,11 @@ def test_tokenizer_is_trained_once_per_corpus_and_setting(lm_cache_dir: Path, co
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"), [({"vocab_size": 100}, "vocab_size"), ({"model_type": "word"}, "model_type")]
+    ("kwargs", "message"),
+    [
+        ({"vocab_size": 100}, "vocab_size"),
+        ({"model_type": "word"}, "data.tokenizer.model_type='word' is not one of 'unigram', 'bpe'; choose one of them"),
+    ],
 )
 def test_bad_tokenizer_settings_name_the_value(kwargs: dict, message: str):
     with pytest.raises(ValueError, match=message):

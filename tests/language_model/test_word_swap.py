@@ -43,7 +43,11 @@ def test_stopwords_and_punctuation_are_never_candidates():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"rate": 1.5}, "rate"), ({"replacement": "A B"}, "replacement"), ({"protocol": "nltk"}, "protocol")],
+    [
+        ({"rate": 1.5}, "rate"),
+        ({"replacement": "A B"}, "replacement"),
+        ({"protocol": "nltk"}, "data.word_swap.protocol='nltk' is not one of 'textattack', 'uniform'; choose one"),
+    ],
 )
 def test_bad_settings_name_the_value(kwargs: dict, message: str):
     with pytest.raises(ValueError, match=message):

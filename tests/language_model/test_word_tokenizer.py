@@ -69,7 +69,7 @@ def test_the_vocabulary_is_cached_and_its_size_must_match_the_config(tmp_path: P
     assert first.vocab_file.stat().st_mtime_ns == mtime
     with pytest.raises(ValueError, match=r"has 16 words, but .*vocab_size is 32000; set data.tokenizer.vocab_size: 16"):
         train_tokenizer(train, TokenizerConfig(kind="word", vocab_size=32000), tmp_path / "cache")
-    with pytest.raises(ValueError, match="kind"):
+    with pytest.raises(ValueError, match="data.tokenizer.kind='char' is not one of 'sentencepiece', 'word'; choose"):
         TokenizerConfig(kind="char")
 
 
@@ -95,3 +95,7 @@ def test_datamodule_reads_tokens_files_with_the_word_vocabulary_and_the_authors_
         WikiTextDataModule(data_dir=str(tmp_path), text_files="tokens").corpus_folder()
     with pytest.raises(ValueError, match="builtin is raw text only"):
         WikiTextDataModule(data_dir="builtin", text_files="tokens")
+    with pytest.raises(ValueError, match="data.text_files='words' is not one of 'raw', 'tokens'; choose one of them"):
+        WikiTextDataModule(data_dir=str(tmp_path), text_files="words")
+    with pytest.raises(ValueError, match="text_files='words' is not one of 'raw', 'tokens'"):
+        split_file(tmp_path, "train", "words")

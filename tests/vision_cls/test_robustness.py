@@ -161,8 +161,11 @@ def test_check_class_folders(tmp_path):
     for wnid in subset_synsets("imagenet_r")[5:2:-1]:
         (partial / wnid).mkdir(parents=True)
     assert check_class_folders(partial, "imagenet_r") == subset_synsets("imagenet_r")[3:6]  # sorted: label order
-    with pytest.raises(ValueError, match="subset name must be one of"):
+    message = "subset='imagenet_c' is not one of 'imagenet_a', 'imagenet_r', 'imagenet_o'; choose one of the 200-class"
+    with pytest.raises(ValueError, match=message):
         subset_indices("imagenet_c")
+    with pytest.raises(ValueError, match=message):
+        subset_synsets("imagenet_c")
 
 
 def test_masked_logits_by_hand():

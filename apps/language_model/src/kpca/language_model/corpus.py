@@ -16,25 +16,26 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 from kpca.language_model.data_checks import find_invalid_utf8, invalid_utf8_problem
+from kpca.training.choices import check_choice
 from kpca.training.data_checks.problems import DataError
 from kpca.training.files import write_atomic
 
 SPLITS = ("train", "valid", "test")
-TEXT_FILES = ("raw", "tokens")
+TextFiles = Literal["raw", "tokens"]
 _HASH_CHUNK = 1 << 24
 BUILTIN_FRACTIONS = {"train": 0.9, "valid": 0.05, "test": 0.05}
 _UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")
 _HEADING_LEVEL = {"*": 1, "=": 2, "-": 3, "~": 4, "^": 4}  # reStructuredText underlines
 
 
-def split_file(folder: str | os.PathLike[str], split: str, kind: str = "raw") -> Path:
+def split_file(folder: str | os.PathLike[str], split: str, kind: TextFiles = "raw") -> Path:
     """The file of ``split`` (train, valid or test) in a WikiText-layout folder: ``wiki.<split>.<kind>``."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if kind not in TEXT_FILES:
-        raise ValueError(f"text_files must be one of {TEXT_FILES}, got {kind!r}")
+    check_choice("text_files", kind, TextFiles)
     return Path(folder) / f"wiki.{split}.{kind}"
 
 

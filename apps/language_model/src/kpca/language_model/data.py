@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from kpca.language_model.corpus import (
     SPLITS,
-    TEXT_FILES,
+    TextFiles,
     check_layout,
     count_words,
     file_digest,
@@ -37,6 +37,7 @@ from kpca.language_model.data_checks import check_text_file
 from kpca.language_model.tokenizer import Tokenizer, TokenizerConfig, train_tokenizer
 from kpca.language_model.word_swap import WordSwap, word_swap
 from kpca.language_model.word_tokenizer import WordTokenizer
+from kpca.training.choices import check_choice
 from kpca.training.data import ProjectDataModule
 from kpca.training.data_checks.check_data import check_in_workers
 from kpca.training.data_checks.problems import DataError, DataProblem
@@ -293,7 +294,7 @@ class WikiTextDataModule(ProjectDataModule):
         hf_path: str = "wikitext",
         hf_name: str | None = "wikitext-103-raw-v1",
         hf_data_files: dict[str, str] | None = None,
-        text_files: Literal["raw", "tokens"] = "raw",
+        text_files: TextFiles = "raw",
         cache_dir: str | None = None,
         tokenizer: TokenizerConfig = TokenizerConfig(),  # noqa: B008 (frozen dataclass)
         context: int = 256,
@@ -319,8 +320,7 @@ class WikiTextDataModule(ProjectDataModule):
         bad = [s for s in test_splits if s not in SPLITS]
         if bad or not test_splits:
             raise ValueError(f"test_splits must be a non-empty subset of {SPLITS}, got {list(test_splits)}")
-        if text_files not in TEXT_FILES:
-            raise ValueError(f"text_files must be one of {TEXT_FILES}, got {text_files!r}")
+        check_choice("data.text_files", text_files, TextFiles)
         if data_dir == BUILTIN and text_files != "raw":
             raise ValueError("data_dir: builtin is raw text only; set text_files: raw, or give a wiki.*.tokens folder")
         self.save_hyperparameters()

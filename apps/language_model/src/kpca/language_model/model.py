@@ -18,14 +18,14 @@ from torch import nn
 
 from kpca.attention import AttentionSpec
 from kpca.language_model.output_heads import WIKITEXT103_CUTOFFS, AdaptiveHead, SoftmaxHead
-from kpca.training.choices import check_choice
+from kpca.training.choices import check_choice, choices
 
 NormPosition = Literal["pre", "post"]
 Positions = Literal["sinusoidal", "learned"]
 Activation = Literal["gelu", "relu"]
 Output = Literal["softmax", "adaptive"]
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
-"""The function of each :data:`Activation`."""
+ACTIVATIONS = {name: getattr(F, name) for name in choices(Activation)}
+"""The function of each :data:`Activation`: ``torch.nn.functional``'s of that name."""
 
 
 class FeedForward(nn.Module):

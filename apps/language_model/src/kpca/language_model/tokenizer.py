@@ -24,11 +24,13 @@ import sentencepiece as spm
 
 from kpca.language_model.corpus import file_digest
 from kpca.language_model.word_tokenizer import WordTokenizer, build_word_tokenizer
+from kpca.training.choices import check_choice
 from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.training.files import write_tree_atomic
 
 UNK_ID, EOS_ID = 0, 1  # sentencepiece's; the word vocabulary puts <eos> first (id 0), as the authors'
-TOKENIZER_KINDS = ("sentencepiece", "word")
+TokenizerKind = Literal["sentencepiece", "word"]
+SentencepieceModel = Literal["unigram", "bpe"]
 MIN_VOCAB_SIZE = 300  # sentencepiece: 256 byte pieces + <unk> + <eos> + some text pieces
 _VOCAB_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
 
@@ -53,24 +55,22 @@ class TokenizerConfig:
             the authors' setting).
     """
 
-    kind: Literal["sentencepiece", "word"] = "sentencepiece"
+    kind: TokenizerKind = "sentencepiece"
     vocab_size: int = 32000
-    model_type: str = "unigram"
+    model_type: SentencepieceModel = "unigram"
     max_sentences: int = 2_000_000
     character_coverage: float = 0.9995
     min_freq: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in TOKENIZER_KINDS:
-            raise ValueError(f"tokenizer kind must be one of {TOKENIZER_KINDS}, got {self.kind!r}")
+        check_choice("data.tokenizer.kind", self.kind, TokenizerKind)
         if self.kind == "sentencepiece" and self.vocab_size < MIN_VOCAB_SIZE:
             raise ValueError(
                 f"vocab_size must be >= {MIN_VOCAB_SIZE} (256 byte pieces + specials + text), got {self.vocab_size}"
             )
         if self.kind == "word" and self.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2 (<eos> and one word), got {self.vocab_size}")
-        if self.model_type not in ("unigram", "bpe"):
-            raise ValueError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
+        check_choice("data.tokenizer.model_type", self.model_type, SentencepieceModel)
         if self.min_freq < 0:
             raise ValueError(f"min_freq must be >= 0, got {self.min_freq}")
 

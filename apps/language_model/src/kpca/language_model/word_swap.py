@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from kpca.training.choices import check_choice
+
 # NLTK's English stopword list (nltk.corpus.stopwords.words("english"), 179 words), kept here to avoid a download.
 STOPWORDS = frozenset(
     """i me my myself we our ours ourselves you you're you've you'll you'd your yours yourself yourselves he him his
@@ -48,7 +50,7 @@ _ALNUM = re.compile(r"[^\W_]")
 # TextAttack's words_from_text: \w, its homoglyphs that \w lacks (U+02D7, `, ×) and the exceptions '-_*@.
 _TEXTATTACK_WORD = re.compile("[\\w\u02d7`\u00d7'\\-_*@]+")
 _TEXTATTACK_STRIP = "'-_*@"
-PROTOCOLS = ("textattack", "uniform")
+SwapProtocol = Literal["textattack", "uniform"]
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,14 @@ class WordSwap:
     rate: float = 0.015
     replacement: str = "AAA"
     seed: int = 0
-    protocol: Literal["textattack", "uniform"] = "uniform"
+    protocol: SwapProtocol = "uniform"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rate <= 1.0:
             raise ValueError(f"word swap rate must be in [0, 1], got {self.rate}")
         if not self.replacement or any(c.isspace() for c in self.replacement):
             raise ValueError(f"replacement must be one word without whitespace, got {self.replacement!r}")
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"word swap protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        check_choice("data.word_swap.protocol", self.protocol, SwapProtocol)
 
     @property
     def tag(self) -> str:

@@ -35,6 +35,7 @@ from torch.utils.data import Dataset, Subset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
+from kpca.training.choices import choices
 from kpca.training.data import evenly_spaced
 from kpca.training.images.corruptions import check_corruptions
 from kpca.vision_cls.corrupted import CorruptedDataset
@@ -137,8 +138,8 @@ class EvalData:
         return None if self.imagenet_c is None else Path(self.imagenet_c)
 
     def subset_roots(self) -> dict[SubsetName, Path | None]:
-        """The root folders of ImageNet-A, -R and -O (None where unset)."""
-        roots = {"imagenet_a": self.imagenet_a, "imagenet_r": self.imagenet_r, "imagenet_o": self.imagenet_o}
+        """The root folders of ImageNet-A, -R and -O, each its field of the same name (None where unset)."""
+        roots = {kind: getattr(self, kind) for kind in choices(SubsetName)}
         return {kind: None if root is None else Path(root) for kind, root in roots.items()}
 
     def subset_root(self, kind: str) -> Path:

@@ -24,12 +24,14 @@ from torch import nn
 from torchmetrics import CatMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from kpca.training.choices import choices
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, config_entry, record_protocol
 from kpca.training.results.schema import ReportSchema
 from kpca.training.results.tables import markdown_table, write_report
 from kpca.vision_cls.attacks import AttackSpec, predicted_labels, run_attack
 from kpca.vision_cls.eval_data import EvalSet
 from kpca.vision_cls.robustness import (
+    SubsetName,
     anomaly_score,
     corruption_errors,
     corruption_rows,
@@ -142,7 +144,7 @@ def robustness_protocols(config: Mapping) -> tuple[ProtocolRule, ...]:
         ProtocolRule("corrupted", r"corrupted/.+", fixed=(ON_THE_FLY_CORRUPTIONS,)),
         *(
             ProtocolRule(kind, rf"{kind}/(acc1|aupr)", (*EVAL_TRANSFORM, FP32_CLASSIFICATION))
-            for kind in ("imagenet_a", "imagenet_r", "imagenet_o")
+            for kind in choices(SubsetName)
         ),
         *(attack_protocol(i, attack) for i, attack in enumerate(attacks if isinstance(attacks, list) else [])),
     )

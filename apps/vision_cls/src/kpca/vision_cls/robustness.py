@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_average_precision
 
+from kpca.training.choices import check_choice
 from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_GROUPS, IMAGENET_C_SEVERITIES
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ ALEXNET_ERRORS_BY_SEVERITY: dict[str, tuple[float, ...]] = {
 }
 
 SubsetName = Literal["imagenet_a", "imagenet_r", "imagenet_o"]
-SUBSETS: tuple[str, ...] = ("imagenet_a", "imagenet_r", "imagenet_o")
+"""The 200-class ImageNet test sets (ImageNet-A, -R and -O), named as their ``data.eval`` options and log prefixes."""
 
 # The 200 ImageNet-O class wnids, sorted (hendrycks/natural-adv-examples eval_many_models.py, imagenet_o_wnids).
 _IMAGENET_O_WNIDS = """
@@ -357,8 +358,7 @@ def _listed(label: str, names: list[str]) -> str:
 
 
 def _check_subset(name: object) -> None:
-    if name not in SUBSETS:
-        raise ValueError(f"subset name must be one of {SUBSETS}, got {name!r}")
+    check_choice("subset", name, SubsetName, "choose one of the 200-class ImageNet test sets")
 
 
 def _check_logits(logits: object) -> None:

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -40,12 +40,12 @@ from kpca.attention.swap import swap_attention
 logger = logging.getLogger(__name__)
 
 Arch = Literal["deit_tiny", "deit_small", "deit_base"]
+"""DeiT's sizes (Touvron et al. 2021), all with patch 16 at 224 px: the one list of their names."""
 ARCHS: dict[str, dict[str, int]] = {
-    "deit_tiny": {"embed_dim": 192, "depth": 12, "num_heads": 3},
-    "deit_small": {"embed_dim": 384, "depth": 12, "num_heads": 6},
-    "deit_base": {"embed_dim": 768, "depth": 12, "num_heads": 12},
+    arch: {"embed_dim": embed_dim, "depth": 12, "num_heads": num_heads}
+    for arch, (embed_dim, num_heads) in zip(get_args(Arch), ((192, 3), (384, 6), (768, 12)), strict=True)
 }
-"""DeiT's sizes (Touvron et al. 2021), all with patch 16 at 224 px: the one size table of the project."""
+"""The dimensions of each :data:`Arch` (width and heads in the Literal's order): the one size table of the project."""
 PATCH_SIZE = 16
 FAMILIES: dict[str, AttentionSpec] = {
     "deit": AttentionSpec(kind="softmax"),  # timm registers deit_<size>_patch16_224 itself
@@ -87,7 +87,7 @@ def pretrained_cfg(**overrides) -> dict:
 
 
 def create_vit(
-    arch: str,
+    arch: Arch,
     attention: AttentionSpec = AttentionSpec(),  # noqa: B008 (frozen-like dataclass default)
     pretrained: bool = False,
     **kwargs,
@@ -95,7 +95,7 @@ def create_vit(
     """A timm VisionTransformer of DeiT size ``arch`` with ``attention``, built as the registered models are.
 
     Args:
-        arch: a key of :data:`ARCHS`.
+        arch: one of :data:`Arch`.
         attention: which attention, in which blocks (see :meth:`AttentionSpec.per_block`).
         pretrained: load the weights of the model's pretrained cfg (for ``softmax``: timm's DeiT release; give a
             file with ``pretrained_cfg_overlay=dict(file=...)``), converted by :func:`checkpoint_filter_fn`.
@@ -105,10 +105,11 @@ def create_vit(
             ``timm.create_model`` drops them.
 
     Raises:
-        ValueError: if ``arch`` is not a key of :data:`ARCHS`.
+        ValueError: if ``arch`` is not one of :data:`Arch` (names it and the sizes).
     """
     if arch not in ARCHS:
-        raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {arch!r}")
+        allowed = ", ".join(repr(name) for name in ARCHS)
+        raise ValueError(f"arch={arch!r} is not one of {allowed}; choose one of DeiT's sizes.")
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     name = model_name(arch, attention.kind)
     return _build_vit(name, attention, pretrained, **{**ARCHS[arch], "patch_size": PATCH_SIZE, **kwargs})

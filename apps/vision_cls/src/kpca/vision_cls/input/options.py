@@ -21,21 +21,36 @@ from __future__ import annotations
 
 from typing import Literal
 
+from kpca.training.choices import check_choice, choices
 from kpca.vision_cls.input.dali_rand_augment import parse_rand_augment
 
 InputPath = Literal["turbo", "timm", "dali"]
 AugmentOn = Literal["device", "workers", "device_randaugment"]
 
-INPUT_PATHS: dict[str, str] = {
-    "turbo": "DataLoader workers, libjpeg-turbo decode and torch crop/resize",
-    "timm": "DataLoader workers, timm's PIL transform exactly",
-    "dali": "NVIDIA DALI",
-}
-AUGMENT_ON: dict[str, str] = {
-    "device": "float conversion and random erasing batched on the device",
-    "workers": "float conversion and random erasing per image in the DataLoader workers",
-    "device_randaugment": "RandAugment, float conversion and random erasing batched on the device",
-}
+INPUT_PATHS: dict[str, str] = dict(
+    zip(
+        choices(InputPath),
+        (
+            "DataLoader workers, libjpeg-turbo decode and torch crop/resize",
+            "DataLoader workers, timm's PIL transform exactly",
+            "NVIDIA DALI",
+        ),
+        strict=True,
+    )
+)
+"""What each :data:`InputPath` runs (the descriptions in the Literal's order), for the error refusing another."""
+AUGMENT_ON: dict[str, str] = dict(
+    zip(
+        choices(AugmentOn),
+        (
+            "float conversion and random erasing batched on the device",
+            "float conversion and random erasing per image in the DataLoader workers",
+            "RandAugment, float conversion and random erasing batched on the device",
+        ),
+        strict=True,
+    )
+)
+"""Where each :data:`AugmentOn` finishes the transform (the descriptions in the Literal's order)."""
 UINT8_LOADER: tuple[str, ...] = ("device", "device_randaugment")
 """The ``augment_on`` values whose training loader hands over uint8 images, finished on the device."""
 WORKER_PATHS = "data.input=turbo (the default) or data.input=timm"
@@ -57,8 +72,8 @@ REPLACED_OPTIONS: dict[str, str] = {
 
 
 def check_input_options(
-    input: str,
-    augment_on: str,
+    input: InputPath,
+    augment_on: AugmentOn,
     *,
     builtin: str | None,
     auto_augment: str | None,
@@ -79,12 +94,8 @@ def check_input_options(
             mirror of timm's ColorJitter.
         bad_files: ``data.bad_files``; DALI cannot skip a damaged file.
     """
-    if input not in INPUT_PATHS:
-        choices = "; ".join(f"{name!r} ({what})" for name, what in INPUT_PATHS.items())
-        raise ValueError(f"data.input={input!r} is not an input path; choose one of {choices}.")
-    if augment_on not in AUGMENT_ON:
-        choices = "; ".join(f"{name!r} ({what})" for name, what in AUGMENT_ON.items())
-        raise ValueError(f"data.augment_on={augment_on!r} is not a place to finish the transform; choose {choices}.")
+    check_choice("data.input", input, InputPath, f"choose the input path by what it runs: {_described(INPUT_PATHS)}")
+    check_choice("data.augment_on", augment_on, AugmentOn, f"choose where to finish: {_described(AUGMENT_ON)}")
     if augment_on == "device_randaugment":
         check_device_randaugment(input, auto_augment)
     if input != "dali":
@@ -112,6 +123,11 @@ def check_input_options(
             "data.bad_files=skip needs DataLoader workers: DALI decodes inside its own pipeline, where a damaged file "
             f"cannot be replaced; run `vision-cls check-data` first and keep bad_files=error, or use {WORKER_PATHS}."
         )
+
+
+def _described(descriptions: dict[str, str]) -> str:
+    """``'a' (what a does), 'b' (what b does)`` for an error message."""
+    return ", ".join(f"{name!r} ({what})" for name, what in descriptions.items())
 
 
 def check_device_randaugment(input: str, auto_augment: str | None) -> None:
