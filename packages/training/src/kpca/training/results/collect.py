@@ -117,7 +117,7 @@ def report_schema(task: str) -> ReportSchema:
     if not isinstance(schema, ReportSchema):
         raise TypeError(
             f"the {REPORT_ENTRY_POINTS} entry point {task} = {entries[task].value} is a {type(schema).__name__}; "
-            "point it at a kpca.training.reports.ReportSchema"
+            "point it at a kpca.training.results.schema.ReportSchema"
         )
     return schema
 
