@@ -245,11 +245,11 @@ class WorseningModule(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit_three_epochs(checkpoint: ModelCheckpoint) -> pl.Trainer:
+def fit_three_epochs(checkpoint: ModelCheckpoint, **trainer_options: object) -> pl.Trainer:
     data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)  # 2 steps an epoch
     trainer = pl.Trainer(
         accelerator="cpu", max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, callbacks=[checkpoint],
+        num_sanity_val_steps=0, callbacks=[checkpoint], **trainer_options,
     )  # fmt: skip
     trainer.fit(WorseningModule(), data, data)
     return trainer
@@ -280,3 +280,10 @@ def test_model_checkpoint_leaves_last_at_the_best_step(tmp_path):
     assert trainer.global_step == 6
     assert saved_step(tmp_path / "last.ckpt") == 2
     assert sorted(p.name for p in tmp_path.glob("best-*")) == ["best-000.ckpt"]
+
+
+def test_a_fast_dev_run_saves_no_checkpoint(tmp_path):
+    fit_three_epochs(Checkpoint(**checkpoint_settings(tmp_path / "ours")), fast_dev_run=True)
+    assert not (tmp_path / "ours").exists()
+    fit_three_epochs(ModelCheckpoint(**checkpoint_settings(tmp_path / "lightning")), fast_dev_run=True)
+    assert [p.name for p in (tmp_path / "lightning").iterdir()] == ["last.ckpt"]  # why on_train_end is overridden

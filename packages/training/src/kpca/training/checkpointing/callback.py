@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
@@ -13,7 +14,9 @@ class Checkpoint(ModelCheckpoint):
     would resume from there and lose the epochs since. Here each save point (every epoch, or every
     ``every_n_train_steps``) counts as saved, so ``last.ckpt`` is rewritten at each one; best-k is unchanged.
     When :attr:`resuming` (set by ``ProjectCLI`` for a fit that resumes), continuing in the run's own
-    ``checkpoints/`` folder does not warn that the folder is not empty.
+    ``checkpoints/`` folder does not warn that the folder is not empty. Under ``trainer.fast_dev_run`` nothing is
+    saved: Lightning 2.6 skips every save point then but still writes ``last.ckpt`` at the end of training, into
+    ``<cwd>/checkpoints`` since a fast dev run has no logger folder.
     """
 
     resuming: bool = False
@@ -26,3 +29,7 @@ class Checkpoint(ModelCheckpoint):
         super()._save_topk_checkpoint(trainer, monitor_candidates)
         if self.save_last:
             self._last_global_step_saved = trainer.global_step  # the condition under which Lightning writes last
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.fast_dev_run:
+            super().on_train_end(trainer, pl_module)
