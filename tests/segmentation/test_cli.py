@@ -43,7 +43,7 @@ def test_experiment_config_parses_with_the_cpu_trainer(experiment: Path, capsys:
     if experiment.stem.endswith("ade20k-512"):
         assert net["img_size"] == 512 and config["data"]["batch_size"] == 8 and config["trainer"]["max_epochs"] == 64
         assert config["model"]["optimizer"]["init_args"]["momentum"] == 0.9 and config["model"]["poly_power"] == 0.9
-        assert net["decoder_dropout"] == 0.1 and config["data"]["corruption_preset"] == "imagenet-c"
+        assert net["decoder_dropout"] == 0.1 and config["data"]["eval"]["corruption_preset"] == "imagenet-c"
 
 
 def test_fast_dev_run(tmp_path: Path, seg_cache_dir: Path):
@@ -130,7 +130,7 @@ def test_a_killed_fit_resumes_when_the_same_command_is_rerun(tmp_path: Path, seg
 @pytest.mark.slow
 @NEW_CHECKPOINT_DIR
 def test_two_process_cpu_ddp_fit_counts_every_validation_image_once(tmp_path: Path, seg_cache_dir: Path):
-    options = smoke(tmp_path, seg_cache_dir, "--trainer.limit_train_batches=2", "--data.eval_subset=3")
+    options = smoke(tmp_path, seg_cache_dir, "--trainer.limit_train_batches=2", "--data.eval.subset=3")
     ddp = ["--trainer.devices=2", "--trainer.strategy=ddp"]
     command = [sys.executable, "-m", "kpca.segmentation", "fit", *options, *ddp]
     done = subprocess.run(list(map(str, command)), cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -5,8 +5,15 @@ from pathlib import Path
 import pytest
 from imagecorruptions import get_corruption_names
 
-from kpca.segmentation.corruption_sets import CORRUPTION_PRESETS, CorruptionSet, resolve_corruption_set
+from kpca.segmentation.corruption_sets import (
+    CORRUPTION_PRESETS,
+    CorruptionPreset,
+    CorruptionSet,
+    resolve_corruption_set,
+)
 from kpca.segmentation.data import ADE20KDataModule
+from kpca.segmentation.eval_data import EvalData
+from kpca.training.choices import choices
 
 pytestmark = pytest.mark.mmseg
 
@@ -29,7 +36,7 @@ def test_presets_expand_to_the_published_corruption_severity_pairs():
     assert set(GROUP_ORDER) == set(get_corruption_names("all"))  # all 19 of imagecorruptions
     ours = resolve_corruption_set("imagenet-c").pairs()
     assert ours == [(c, s) for c in IMAGENET_C for s in (1, 2, 3, 4, 5)] and len(ours) == 75
-    assert sorted(CORRUPTION_PRESETS) == ["elliptical", "imagenet-c"]
+    assert list(CORRUPTION_PRESETS) == list(choices(CorruptionPreset)) == ["imagenet-c", "elliptical"]
 
 
 def test_given_corruptions_or_severities_replace_the_presets():
@@ -39,19 +46,19 @@ def test_given_corruptions_or_severities_replace_the_presets():
 
 
 def test_datamodule_test_sets_are_clean_then_exactly_the_preset(tmp_path: Path):
-    datamodule = ADE20KDataModule(root=tmp_path, corruption_preset="elliptical")
+    datamodule = ADE20KDataModule(root=tmp_path, eval=EvalData(corruption_preset="elliptical"))
     names = [f"{c}/s{s}" for c in GROUP_ORDER for s in (1, 2, 3)]
     assert [name for name, _, _ in datamodule.eval_sets] == ["clean", *names]
-    assert datamodule.corruptions == GROUP_ORDER and datamodule.severities == [1, 2, 3]
+    assert datamodule.eval.corruption_set == CorruptionSet(tuple(GROUP_ORDER), (1, 2, 3))
     assert len(ADE20KDataModule(root=tmp_path).eval_sets) == 1 + 75  # the default: imagenet-c
 
 
-def test_unknown_names_fail_with_the_valid_choices(tmp_path: Path):
-    with pytest.raises(ValueError, match=r"unknown data.corruption_preset 'ade20k-c'; choose one of \['elliptical'"):
-        ADE20KDataModule(root=tmp_path, corruption_preset="ade20k-c")
+def test_unknown_names_fail_with_the_valid_choices():
+    with pytest.raises(ValueError, match=r"data.eval.corruption_preset='ade20k-c' is not one of 'imagenet-c', 'ell"):
+        EvalData(corruption_preset="ade20k-c")
     with pytest.raises(ValueError, match=r"Unknown corruption\(s\) \['rain'\]; choose from \[.*'speckle_noise'"):
         resolve_corruption_set("imagenet-c", corruptions=["fog", "rain"])
     with pytest.raises(ValueError, match="severities must be integers in 1-5"):
         resolve_corruption_set("elliptical", severities=[0, 3])
-    with pytest.raises(ValueError, match=r"data.corruptions lists \['fog'\] more than once"):
+    with pytest.raises(ValueError, match=r"data.eval.corruptions lists \['fog'\] more than once"):
         CorruptionSet(("fog", "snow", "fog"), (1,))

@@ -18,6 +18,7 @@ from kpca.segmentation.data import (
     eval_pipeline,
     train_pipeline,
 )
+from kpca.segmentation.eval_data import EvalData
 from kpca.training.data import require_datamodule
 
 pytestmark = pytest.mark.mmseg
@@ -132,10 +133,10 @@ def test_missing_or_ambiguous_roots_name_the_expected_layout(tmp_path: Path):
 
 
 def test_eval_sets_are_clean_then_each_corruption_and_severity(tmp_path: Path):
-    datamodule = ADE20KDataModule(root=tmp_path, corruptions=["fog", "contrast"], severities=[1, 5])
+    datamodule = ADE20KDataModule(root=tmp_path, eval=EvalData(corruptions=("fog", "contrast"), severities=(1, 5)))
     names = [name for name, _, _ in datamodule.eval_sets]
     assert names == ["clean", "fog/s1", "fog/s5", "contrast/s1", "contrast/s5"]
     assert datamodule.num_classes == 150 and len(datamodule.palette) == 150
     assert require_datamodule(SimpleNamespace(datamodule=datamodule), SegmentationData) is datamodule
     with pytest.raises(ValueError, match="severities"):
-        ADE20KDataModule(root=tmp_path, severities=[6])
+        EvalData(severities=(6,))

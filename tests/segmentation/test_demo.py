@@ -24,8 +24,8 @@ def test_demo_plan_end_to_end_on_a_tiny_budget(tmp_path: Path, seg_cache_dir: Pa
         [
             f"--data.cache_dir={seg_cache_dir}", "--data.synthetic.num_train=16", "--data.synthetic.num_val=4",
             "--data.synthetic.image_size=48", "--data.scale=[192,48]", "--trainer.max_epochs=1",
-            "--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=1", "--data.corruptions=[contrast]",
-            "--data.severities=[1]",
+            "--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=1", "--data.eval.corruptions=[contrast]",
+            "--data.eval.severities=[1]",
         ],
     )  # fmt: skip
     assert text.startswith("# Segmenter vs RPC-Segmenter on the built-in synthetic ADE20K")

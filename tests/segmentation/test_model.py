@@ -131,7 +131,7 @@ def test_encoder_and_decoder_attention_follow_their_specs():
 
 
 def test_unknown_arch_is_rejected():
-    with pytest.raises(ValueError, match="arch must be one of"):
+    with pytest.raises(ValueError, match="arch='vit_huge' is not one of 'deit_tiny', 'deit_small', 'deit_base'"):
         Segmenter(arch="vit_huge", **TINY)
 
 

@@ -1,7 +1,8 @@
 """Protocol provenance of the segmentation report: the rules against the shipped configs, and what ``test`` records.
 
 docs/protocols.md lists differences that no setting removes for both groups (the test resize; how ADE20K-C is made), so
-neither is ever ``published``; ``data.corruption_preset: elliptical`` removes the one a setting can remove.
+neither is ever ``published``; ``data.eval.corruption_preset: elliptical`` removes the one a setting can remove. A
+config saved before the ``data.eval`` group, with the flat keys, gets the same protocol.
 """
 
 import json
@@ -34,7 +35,7 @@ def differences(config: dict) -> dict[str, tuple[str, ...]]:
 @pytest.mark.parametrize("experiment", ADE20K, ids=lambda path: path.stem)
 def test_the_elliptical_preset_leaves_only_the_differences_no_setting_removes(experiment: Path, capsys):
     config = printed_config(
-        capsys, main, "segmentation", "-c", GPU, "-c", experiment, "--data.corruption_preset=elliptical"
+        capsys, main, "segmentation", "-c", GPU, "-c", experiment, "--data.eval.corruption_preset=elliptical"
     )
     assert differences(config) == {
         "clean": (KEEP_RATIO_RESIZE,),
@@ -49,14 +50,14 @@ def test_the_default_preset_is_named_as_a_difference(capsys):
         KEEP_RATIO_RESIZE,
         ON_THE_FLY_CORRUPTIONS,
     )
-    config["data"] |= {"corruption_preset": "elliptical", "corruptions": ["fog"], "severities": [1]}
+    config["data"]["eval"] |= {"corruption_preset": "elliptical", "corruptions": ["fog"], "severities": [1]}
     config["model"]["stride"] = 256
     assert differences(config)["corrupted"][:3] == (
         "stride=256 (published: 512)",
         "corruptions=[fog] (published: null (the elliptical preset's 19))",
         "severities=[1] (published: null (the elliptical preset's 1-3))",
     )
-    config["data"] |= {"corruptions": list(reversed(ELLIPTICAL.corruptions)), "severities": [3, 2, 1]}
+    config["data"]["eval"] |= {"corruptions": list(reversed(ELLIPTICAL.corruptions)), "severities": [3, 2, 1]}
     assert differences(config)["corrupted"] == (
         "stride=256 (published: 512)",
         KEEP_RATIO_RESIZE,
@@ -64,8 +65,39 @@ def test_the_default_preset_is_named_as_a_difference(capsys):
     )
 
 
+def saved_before_the_eval_group(config: dict) -> dict:
+    """``config`` as a run saved it before ``data.eval``: the group's options flat under ``data``."""
+    data = dict(config["data"])
+    group = data.pop("eval")
+    data |= {("eval_subset" if key == "subset" else key): value for key, value in group.items()}
+    return {**config, "data": data}
+
+
+def test_a_config_saved_with_the_flat_keys_gets_the_same_protocol(capsys):
+    config = printed_config(capsys, main, "segmentation", "-c", GPU, "-c", ADE20K[0])
+    old = saved_before_the_eval_group(config)
+    assert "eval" not in old["data"] and old["data"]["corruption_preset"] == "imagenet-c"
+    assert differences(old) == differences(config)
+    assert "corruption_preset=imagenet-c (published: elliptical)" in differences(old)["corrupted"]
+    config["data"]["eval"] |= {
+        "corruption_preset": "elliptical",
+        "corruptions": ["fog"],
+        "severities": [2],
+        "subset": 3,
+    }
+    old = saved_before_the_eval_group(config)
+    assert old["data"]["eval_subset"] == 3
+    assert differences(old) == differences(config)
+    assert differences(old)["corrupted"][:4] == (
+        "eval.subset=3 (published: null (every image))",
+        "corruptions=[fog] (published: null (the elliptical preset's 19))",
+        "severities=[2] (published: null (the elliptical preset's 1-3))",
+        KEEP_RATIO_RESIZE,
+    )
+
+
 def test_the_report_records_the_protocol_of_the_config_saved_beside_it(tmp_path: Path):
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"data": {"corruption_preset": "elliptical"}}))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"data": {"eval": {"corruption_preset": "elliptical"}}}))
     metrics = {"aAcc": 0.9, "mAcc": 0.8, "mIoU": 0.7, "IoU": [0.7, 0.7], "Acc": [0.8, 0.8]}
     write_reports({"clean": metrics}, [("clean", None, None)], ["wall", "floor"], tmp_path)
     record = json.loads((tmp_path / "protocol.json").read_text())

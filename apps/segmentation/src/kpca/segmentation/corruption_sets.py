@@ -1,6 +1,6 @@
 """Named ADE20K-C evaluation sets: which ``imagecorruptions`` corruptions, at which severities, ``test`` evaluates.
 
-Presets (:data:`CORRUPTION_PRESETS`):
+Presets (``data.eval.corruption_preset``, :data:`CorruptionPreset`; their sets in :data:`CORRUPTION_PRESETS`):
 
 * ``imagenet-c`` (the default): the 15 ImageNet-C benchmark corruptions (Hendrycks & Dietterich) at severities 1-5,
   75 sets, as shared/paper.md describes the paper's corrupted ADE20K.
@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
+from kpca.training.choices import check_choice, choices
 from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_SEVERITIES, check_corruptions
 
 ELLIPTICAL_CORRUPTIONS: tuple[str, ...] = (
@@ -47,7 +49,7 @@ class CorruptionSet:
         for name, values in (("corruptions", self.corruptions), ("severities", self.severities)):
             repeated = sorted({v for v in values if values.count(v) > 1})
             if repeated:
-                raise ValueError(f"data.{name} lists {repeated} more than once; give each one once")
+                raise ValueError(f"data.eval.{name} lists {repeated} more than once; give each one once")
 
     def pairs(self) -> list[tuple[str, int]]:
         """``(corruption, severity)`` of every test set, corruption-major: ``[(c0, s0), (c0, s1), ..., (c1, s0), ...]``.
@@ -58,10 +60,20 @@ class CorruptionSet:
         return [(c, s) for c in self.corruptions for s in self.severities]
 
 
-CORRUPTION_PRESETS: dict[str, CorruptionSet] = {
-    "imagenet-c": CorruptionSet(IMAGENET_C_CORRUPTIONS, IMAGENET_C_SEVERITIES),
-    "elliptical": CorruptionSet(ELLIPTICAL_CORRUPTIONS, (1, 2, 3)),
-}
+CorruptionPreset = Literal["imagenet-c", "elliptical"]
+"""The names of the presets, the one list of them: the type of ``data.eval.corruption_preset``, and the keys of
+:data:`CORRUPTION_PRESETS` in this order."""
+
+IMAGENET_C_SET = CorruptionSet(IMAGENET_C_CORRUPTIONS, IMAGENET_C_SEVERITIES)
+"""The ``imagenet-c`` preset: the 15 ImageNet-C benchmark corruptions at severities 1-5 (75 sets)."""
+
+ELLIPTICAL_SET = CorruptionSet(ELLIPTICAL_CORRUPTIONS, (1, 2, 3))
+"""The ``elliptical`` preset: the group's 19 corruptions at severities 1-3 (57 sets)."""
+
+CORRUPTION_PRESETS: dict[CorruptionPreset, CorruptionSet] = dict(
+    zip(choices(CorruptionPreset), (IMAGENET_C_SET, ELLIPTICAL_SET), strict=True)
+)
+"""Each preset name of :data:`CorruptionPreset` -> its corruption set."""
 
 
 def resolve_corruption_set(
@@ -72,8 +84,7 @@ def resolve_corruption_set(
     Raises:
         ValueError: naming the valid choices, for an unknown preset, corruption name or severity, or a repeat.
     """
-    if preset not in CORRUPTION_PRESETS:
-        raise ValueError(f"unknown data.corruption_preset {preset!r}; choose one of {sorted(CORRUPTION_PRESETS)}")
+    check_choice("data.eval.corruption_preset", preset, CorruptionPreset)
     base = CORRUPTION_PRESETS[preset]
     return CorruptionSet(
         tuple(base.corruptions if corruptions is None else corruptions),

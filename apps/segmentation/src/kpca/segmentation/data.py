@@ -33,8 +33,8 @@ from mmseg.registry import TRANSFORMS
 from torch.utils.data import DataLoader, Dataset
 
 from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
-from kpca.segmentation.corruption_sets import resolve_corruption_set
 from kpca.segmentation.data_checks import guard_pipeline, pair_problems, split_problems
+from kpca.segmentation.eval_data import EvalData
 from kpca.training.data import ProjectDataModule, evenly_spaced, require_built
 from kpca.training.data_checks.bad_files import BadFilesMode, NamedFileErrors, check_bad_files_options
 from kpca.training.data_checks.check_data import check_in_workers
@@ -200,7 +200,8 @@ class ADE20KDataModule(ProjectDataModule):
     """ADE20K (or the built-in synthetic ADE20K) with mmseg's pipelines, and corrupted copies of the validation set.
 
     ``val_dataloader`` and ``predict_dataloader`` give the clean validation set; ``test_dataloader`` gives one
-    loader per entry of :attr:`eval_sets`: the clean set, then each corruption at each severity.
+    loader per entry of :attr:`eval_sets`: the clean set, then each corruption at each severity (the ``data.eval``
+    group).
 
     Args:
         root: ADE20K root with the layout ``root/images/{training,validation}/*.jpg`` and
@@ -219,13 +220,9 @@ class ADE20KDataModule(ProjectDataModule):
         ratio_range: random rescale range of ``scale`` in training.
         cat_max_ratio: a crop is re-drawn (up to 10 times) while one class covers more than this fraction.
         train_subset: use only this many training images, evenly spaced (None: all).
-        eval_subset: use only this many validation images, evenly spaced, in every evaluation set (None: all).
-        corruption_preset: the corrupted test sets (see :mod:`kpca.segmentation.corruption_sets`): ``imagenet-c``
-            (the 15 ImageNet-C corruptions x severities 1-5) or ``elliptical`` (the group's ADE20K-C harness: 19
-            corruptions x severities 1-3).
-        corruptions: ``imagecorruptions`` names replacing the preset's (None: the preset's; ``[]``: clean only).
-        severities: severities in 1-5 replacing the preset's (None: the preset's).
-        corruption_seed: base seed of the corruptions.
+        eval: the corrupted test sets and the size of every evaluation set
+            (:class:`~kpca.segmentation.eval_data.EvalData`, the ``data.eval`` group): ``corruption_preset``,
+            ``corruptions`` and ``severities`` replacing the preset's, ``corruption_seed``, and ``subset``.
         bad_files: what a damaged training pair (an image or annotation that does not decode, sizes that differ,
             label values outside the classes) does: ``error`` stops the fit with an error naming the file (the
             default); ``skip`` trains on the next pair instead, logs each damaged pair once as a WARNING and counts
@@ -251,11 +248,7 @@ class ADE20KDataModule(ProjectDataModule):
         ratio_range: tuple[float, float] = (0.5, 2.0),
         cat_max_ratio: float = 0.75,
         train_subset: int | None = None,
-        eval_subset: int | None = None,
-        corruption_preset: Literal["imagenet-c", "elliptical"] = "imagenet-c",
-        corruptions: list[str] | None = None,
-        severities: list[int] | None = None,
-        corruption_seed: int = 0,
+        eval: EvalData = EvalData(),  # noqa: B008 (frozen dataclass default)
         bad_files: BadFilesMode = "error",
         max_bad_fraction: float = 0.001,
     ) -> None:
@@ -272,7 +265,6 @@ class ADE20KDataModule(ProjectDataModule):
                 f"set exactly one of data.root (an ADE20K folder: {ADE20K_LAYOUT}) and data.builtin ('synthetic'); "
                 f"got root={root!r}, builtin={builtin!r}"
             )
-        corruption_set = resolve_corruption_set(corruption_preset, corruptions, severities)
         check_bad_files_options(bad_files, max_bad_fraction)
         self.root = Path(root) if root is not None else None
         self.builtin = builtin
@@ -282,9 +274,7 @@ class ADE20KDataModule(ProjectDataModule):
         self.ratio_range = tuple(ratio_range)
         self.cat_max_ratio = cat_max_ratio
         self.train_subset = train_subset
-        self.eval_subset = eval_subset
-        self.corruption_set = corruption_set
-        self.corruption_seed = corruption_seed
+        self.eval = eval
         self.bad_files = bad_files
         self.max_bad_fraction = max_bad_fraction
         self.train_set: NamedFileErrors | None = None
@@ -312,23 +302,13 @@ class ADE20KDataModule(ProjectDataModule):
         return [list(c) for c in ADE20KDataset.METAINFO["palette"]]
 
     @property
-    def corruptions(self) -> list[str]:
-        """The corruptions of the test sets (the preset's unless ``corruptions`` was given)."""
-        return list(self.corruption_set.corruptions)
-
-    @property
-    def severities(self) -> list[int]:
-        """The severities of the test sets (the preset's unless ``severities`` was given)."""
-        return list(self.corruption_set.severities)
-
-    @property
     def eval_sets(self) -> list[tuple[str, str | None, int | None]]:
         """``(name, corruption, severity)`` per test loader: ``("clean", None, None)``, ``("fog/s3", "fog", 3)``...
 
-        After the clean set come exactly the pairs of :attr:`corruption_set`, corruption-major.
+        After the clean set come exactly the pairs of ``eval.corruption_set``, corruption-major
+        (:meth:`~kpca.segmentation.eval_data.EvalData.eval_sets`).
         """
-        corrupted = [(f"{c}/s{s}", c, s) for c, s in self.corruption_set.pairs()]
-        return [("clean", None, None), *corrupted]
+        return self.eval.eval_sets()
 
     def prepare_data(self) -> None:
         """Write the built-in set (once per node; Lightning calls this on local rank 0 only) and check the layout."""
@@ -398,8 +378,8 @@ class ADE20KDataModule(ProjectDataModule):
         """The validation set through the test pipeline, corrupted on the original image when ``corruption`` is set."""
         steps = build_transforms(eval_pipeline(self.scale))
         if corruption is not None:
-            steps.insert(1, CorruptImage(corruption, severity, self.corruption_seed))  # on the original image
-        return self._dataset("val", steps, self.eval_subset)
+            steps.insert(1, CorruptImage(corruption, severity, self.eval.corruption_seed))  # on the original image
+        return self._dataset("val", steps, self.eval.subset)
 
     def _check_layout(self) -> None:
         """Raise FileNotFoundError naming the missing folder and the expected ADE20K layout."""

@@ -12,6 +12,8 @@ Reports (Markdown and CSV, written atomically with ``kpca.training.results.table
 :data:`SEGMENTATION_REPORT` declares ``segmentation.csv`` for ``kpca-report`` (the ``segmentation`` report task), with
 the protocol rules of its clean and corrupted columns (:data:`SEGMENTATION_PROTOCOLS`, docs/protocols.md); ``test``
 records the run's protocol next to the report (``protocol.json`` and a "Protocol" section of ``segmentation.md``).
+The rules read the ``data.eval`` group, and a config saved before the group at the flat keys it replaced
+(``data.eval_subset``, ``data.corruption_preset``, ``data.corruptions``, ``data.severities``).
 """
 
 from __future__ import annotations
@@ -45,11 +47,16 @@ def read_segmentation_report(path: Path) -> dict[str, float]:
     return metrics
 
 
+EVAL_SUBSET = Setting(
+    "data.eval.subset", None, name="eval.subset", published_text="null (every image)", old_key="data.eval_subset"
+)
+"""Every image of each evaluation set (configs saved before ``data.eval`` name it ``data.eval_subset``)."""
+
 SLIDING_WINDOW_PROTOCOL = (
     Setting("model.window", 512),
     Setting("model.stride", 512),
     Setting("data.scale", (2048, 512), name="test_scale"),
-    Setting("data.eval_subset", None, published_text="null (every image)"),
+    EVAL_SUBSET,
     *WHOLE_TEST_SET,
 )
 """The authors' test inference (SEGM config.yml:123-131, model/utils.py:92-178): 512 windows with stride 512."""
@@ -76,18 +83,20 @@ SEGMENTATION_PROTOCOLS = (
         r"corrupted/(mIoU|mAcc|aAcc)",
         (
             *SLIDING_WINDOW_PROTOCOL,
-            Setting("data.corruption_preset", "elliptical"),
+            Setting("data.eval.corruption_preset", "elliptical", old_key="data.corruption_preset"),
             Setting(
-                "data.corruptions",
+                "data.eval.corruptions",
                 None,
                 published_text="null (the elliptical preset's 19)",
                 matches=lambda value: value is None or sorted(value) == sorted(ELLIPTICAL.corruptions),
+                old_key="data.corruptions",
             ),
             Setting(
-                "data.severities",
+                "data.eval.severities",
                 None,
                 published_text="null (the elliptical preset's 1-3)",
                 matches=lambda value: value is None or sorted(value) == sorted(ELLIPTICAL.severities),
+                old_key="data.severities",
             ),
         ),
         fixed=(KEEP_RATIO_RESIZE, ON_THE_FLY_CORRUPTIONS),
@@ -95,7 +104,7 @@ SEGMENTATION_PROTOCOLS = (
 )
 """The protocol rules of ``segmentation.csv``'s column groups. Neither is ever ``published``: docs/protocols.md lists
 differences that no setting removes; the corrupted group's settings match the group's ADE20K-C harness with
-``data.corruption_preset: elliptical``."""
+``data.eval.corruption_preset: elliptical``."""
 
 SEGMENTATION_REPORT = ReportSchema(
     stem="segmentation",
