@@ -16,6 +16,7 @@ import pytest
 from lightning.pytorch.cli import LightningCLI
 
 from kpca.training.cli import ProjectCLI
+from kpca.training.help_text import plain_text
 from tests.command_support import app_cli, commands_in_text, problem
 
 APPS = {"vision_cls": "vision-cls", "language_model": "language-model", "segmentation": "segmentation"}
@@ -89,6 +90,23 @@ def test_app_help_has_no_raw_markup(app, capsys):
     """The description and the subcommands' lines (from the Trainer's docstrings) read as plain text."""
     out = app_help(app, ["--help"], capsys)
     assert not RAW_RST.findall(out), [line for line in out.splitlines() if RAW_RST.search(line)]
+
+
+def test_every_subcommand_help_is_plain_text(app, capsys):
+    """Each subcommand's option help comes from docstrings (Lightning's and ours) and reads as plain text too."""
+    for name in type(app_cli(app)).subcommands():
+        out = app_help(app, [name, "--help"], capsys)
+        assert "--trainer.max_epochs" in out or name == "check-data", name  # the whole help, not an error
+        assert not RAW_RST.findall(out), (name, [line for line in out.splitlines() if RAW_RST.search(line)][:5])
+
+
+def test_plain_text_keeps_the_words_of_roles_and_literals():
+    assert plain_text("(:class:`~kpca.vision_cls.eval_data.EvalData`, the ``data.eval`` group)") == (
+        "(EvalData, the 'data.eval' group)"
+    )
+    assert plain_text('Default: ``"auto"``; see :func:`run_data_check` and :mod:`kpca.training`.') == (
+        'Default: "auto"; see run_data_check and kpca.training.'
+    )
 
 
 def project_subcommands(app: str) -> dict[str, set[str]]:
