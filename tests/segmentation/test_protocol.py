@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from kpca.segmentation.cli import main
+from kpca.segmentation.corruption_sets import ELLIPTICAL_SET
 from kpca.segmentation.evaluation import (
-    ELLIPTICAL,
     KEEP_RATIO_RESIZE,
     ON_THE_FLY_CORRUPTIONS,
     SEGMENTATION_REPORT,
@@ -57,7 +57,7 @@ def test_the_default_preset_is_named_as_a_difference(capsys):
         "corruptions=[fog] (published: null (the elliptical preset's 19))",
         "severities=[1] (published: null (the elliptical preset's 1-3))",
     )
-    config["data"]["eval"] |= {"corruptions": list(reversed(ELLIPTICAL.corruptions)), "severities": [3, 2, 1]}
+    config["data"]["eval"] |= {"corruptions": list(reversed(ELLIPTICAL_SET.corruptions)), "severities": [3, 2, 1]}
     assert differences(config)["corrupted"] == (
         "stride=256 (published: 512)",
         KEEP_RATIO_RESIZE,

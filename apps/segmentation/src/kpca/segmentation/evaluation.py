@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from kpca.segmentation.corruption_sets import CORRUPTION_PRESETS
+from kpca.segmentation.corruption_sets import ELLIPTICAL_SET
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
 from kpca.training.results.schema import ReportSchema
 from kpca.training.results.tables import markdown_table, write_report
@@ -73,8 +73,6 @@ ON_THE_FLY_CORRUPTIONS = (
 )
 """The ADE20K-C differences no setting removes (docs/protocols.md, "ADE20K-C: how the corrupted images are made")."""
 
-ELLIPTICAL = CORRUPTION_PRESETS["elliptical"]
-"""The group's ADE20K-C sets (ELL ADE20K/test_city_c.py:93-105): 19 corruptions at severities 1-3."""
 
 SEGMENTATION_PROTOCOLS = (
     ProtocolRule("clean", r"clean/(mIoU|mAcc|aAcc)", SLIDING_WINDOW_PROTOCOL, fixed=(KEEP_RATIO_RESIZE,)),
@@ -88,14 +86,14 @@ SEGMENTATION_PROTOCOLS = (
                 "data.eval.corruptions",
                 None,
                 published_text="null (the elliptical preset's 19)",
-                matches=lambda value: value is None or sorted(value) == sorted(ELLIPTICAL.corruptions),
+                matches=lambda value: value is None or sorted(value) == sorted(ELLIPTICAL_SET.corruptions),
                 old_key="data.corruptions",
             ),
             Setting(
                 "data.eval.severities",
                 None,
                 published_text="null (the elliptical preset's 1-3)",
-                matches=lambda value: value is None or sorted(value) == sorted(ELLIPTICAL.severities),
+                matches=lambda value: value is None or sorted(value) == sorted(ELLIPTICAL_SET.severities),
                 old_key="data.severities",
             ),
         ),
