@@ -136,8 +136,12 @@ def test_the_default_cache_is_the_language_model_folder_of_kpca_cache(monkeypatc
 def test_without_word_swap_test_evaluates_the_clean_splits_only(lm_cache_dir: Path):
     datamodule = builtin_datamodule(lm_cache_dir, word_swap=None, test_splits=("test",))
     assert datamodule.eval_names("test") == ["test"]
-    with pytest.raises(ValueError, match="test_splits"):
+    with pytest.raises(ValueError, match="data.test_splits='dev' is not one of 'train', 'valid', 'test'"):
         builtin_datamodule(lm_cache_dir, test_splits=("train", "dev"))
+    with pytest.raises(ValueError, match=r"data.test_splits is empty; name at least one of \['train', 'valid'"):
+        builtin_datamodule(lm_cache_dir, test_splits=())
+    with pytest.raises(ValueError, match="split='dev' is not one of 'train', 'valid', 'test'"):
+        split_file(lm_cache_dir, "dev")
 
 
 def test_hf_datasets_path_copies_the_splits_into_the_wikitext_layout(lm_cache_dir: Path, corpus_folder, tmp_path):

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Literal
 
 from kpca.language_model.data_checks import find_invalid_utf8, invalid_utf8_problem
-from kpca.training.choices import check_choice
+from kpca.training.choices import check_choice, choices
 from kpca.training.data_checks.problems import DataError
 from kpca.training.files import write_atomic
 
-SPLITS = ("train", "valid", "test")
+Split = Literal["train", "valid", "test"]
+SPLITS: tuple[Split, ...] = choices(Split)
+"""The WikiText splits, in the order they are built and checked."""
 TextFiles = Literal["raw", "tokens"]
 _HASH_CHUNK = 1 << 24
 BUILTIN_FRACTIONS = {"train": 0.9, "valid": 0.05, "test": 0.05}
@@ -31,10 +33,9 @@ _UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")
 _HEADING_LEVEL = {"*": 1, "=": 2, "-": 3, "~": 4, "^": 4}  # reStructuredText underlines
 
 
-def split_file(folder: str | os.PathLike[str], split: str, kind: TextFiles = "raw") -> Path:
+def split_file(folder: str | os.PathLike[str], split: Split, kind: TextFiles = "raw") -> Path:
     """The file of ``split`` (train, valid or test) in a WikiText-layout folder: ``wiki.<split>.<kind>``."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    check_choice("split", split, Split)
     check_choice("text_files", kind, TextFiles)
     return Path(folder) / f"wiki.{split}.{kind}"
 

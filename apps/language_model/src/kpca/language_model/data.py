@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from kpca.language_model.corpus import (
     SPLITS,
+    Split,
     TextFiles,
     check_layout,
     count_words,
@@ -304,7 +305,7 @@ class WikiTextDataModule(ProjectDataModule):
         score_first_token: bool = True,
         num_workers: int = 2,
         word_swap: WordSwap | None = WordSwap(),  # noqa: B008 (frozen dataclass)
-        test_splits: tuple[str, ...] = ("valid", "test"),
+        test_splits: tuple[Split, ...] = ("valid", "test"),
         predict_prompts: tuple[str, ...] = DEFAULT_PROMPTS,
     ) -> None:
         super().__init__(
@@ -317,9 +318,10 @@ class WikiTextDataModule(ProjectDataModule):
         )
         if context < 1:
             raise ValueError(f"context={context} must be >= 1 (tokens per training block and evaluation window)")
-        bad = [s for s in test_splits if s not in SPLITS]
-        if bad or not test_splits:
-            raise ValueError(f"test_splits must be a non-empty subset of {SPLITS}, got {list(test_splits)}")
+        if not test_splits:
+            raise ValueError(f"data.test_splits is empty; name at least one of {list(SPLITS)} (default: valid, test)")
+        for split in test_splits:
+            check_choice("data.test_splits", split, Split)
         check_choice("data.text_files", text_files, TextFiles)
         if data_dir == BUILTIN and text_files != "raw":
             raise ValueError("data_dir: builtin is raw text only; set text_files: raw, or give a wiki.*.tokens folder")
