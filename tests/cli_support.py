@@ -41,6 +41,15 @@ def printed_config(capsys: pytest.CaptureFixture, main: Callable, prog: str, *op
     return yaml.safe_load(printed.out)
 
 
+def refusal(capsys: pytest.CaptureFixture, main: Callable, prog: str, *args: object) -> str:
+    """What ``prog args`` prints on stderr when its parser refuses them; it must exit with a non-zero status."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, prog, *args)
+    error = capsys.readouterr().err
+    assert exit_info.value.code != 0, error
+    return error
+
+
 def smoke_options(smoke: Path, root: Path, cache: Path, *extra: object) -> list[object]:
     """Options of a CPU run of the ``smoke`` YAML writing under ``root``, with its data cached in ``cache``."""
     return [

@@ -14,7 +14,7 @@ from kpca.segmentation.data import ADE20KDataModule, CorruptImage, build_transfo
 from kpca.segmentation.eval_data import REPLACED_OPTIONS, EvalData
 from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS
 from kpca.training.replaced_options import replaced_option_hint
-from tests.cli_support import CONFIGS, CPU, printed_config, run_cli
+from tests.cli_support import CONFIGS, CPU, printed_config, refusal
 from tests.segmentation.conftest import SMOKE_SET
 
 pytestmark = pytest.mark.mmseg
@@ -94,10 +94,7 @@ def test_a_removed_option_on_the_command_line_is_refused_with_its_new_spelling(
     option: str, capsys: pytest.CaptureFixture
 ):
     argument, new = NEW_SPELLING[option]
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(main, "segmentation", "fit", "-c", CPU, "-c", SMOKE, argument, "--print_config")
-    error = capsys.readouterr().err
-    assert exit_info.value.code != 0
+    error = refusal(capsys, main, "segmentation", "fit", "-c", CPU, "-c", SMOKE, argument, "--print_config")
     assert f"unrecognized arguments: {argument}" in error and REPLACED_OPTIONS[option] in error and new in error
 
 
@@ -108,10 +105,7 @@ def test_a_removed_option_in_a_config_file_is_refused_with_its_new_spelling(
     old = tmp_path / "old.yaml"
     old.write_text(f"data:\n  {option}\n")
     name = option.partition(":")[0]
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(main, "segmentation", "fit", "-c", CPU, "-c", SMOKE, "-c", old, "--print_config")
-    error = capsys.readouterr().err
-    assert exit_info.value.code != 0
+    error = refusal(capsys, main, "segmentation", "fit", "-c", CPU, "-c", SMOKE, "-c", old, "--print_config")
     assert f"Group 'data' does not accept option '{name}'" in error and REPLACED_OPTIONS[name] in error
 
 

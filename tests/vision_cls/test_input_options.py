@@ -14,7 +14,7 @@ from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input.dali_loader import DaliTrainLoader
 from kpca.vision_cls.input.options import AUGMENT_ON, INPUT_PATHS, check_input_options
 from kpca.vision_cls.replaced_options import REPLACED_OPTIONS
-from tests.cli_support import CONFIGS, CPU, run_cli
+from tests.cli_support import CONFIGS, CPU, refusal
 
 DEIT = "rand-m9-mstd0.5-inc1"
 OK = None
@@ -108,10 +108,7 @@ def test_old_keys_in_a_config_file_are_refused_with_the_new_spelling(
     config = tmp_path / "old.yaml"
     config.write_text(f"data:\n  {yaml_line}\n")
     smoke = CONFIGS / "vision_cls" / "smoke.yaml"
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(main, "vision-cls", "fit", "-c", CPU, "-c", smoke, "-c", config, "--print_config")
-    error = capsys.readouterr().err
-    assert exit_info.value.code != 0
+    error = refusal(capsys, main, "vision-cls", "fit", "-c", CPU, "-c", smoke, "-c", config, "--print_config")
     assert f"Group 'data' does not accept option '{option}'" in error and REPLACED_OPTIONS[option] in error
 
 
