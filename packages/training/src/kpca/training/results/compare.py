@@ -1,21 +1,11 @@
-"""``kpca-report``: collect every run's report under a folder into one side-by-side comparison.
+"""``kpca-report``: every run's report under a folder, side by side in one comparison.
 
-A run is a folder that LightningCLI saved a ``config.yaml`` into. Training runs hold ``checkpoints/``;
-evaluation runs (``test``) hold the task's report CSV and name the checkpoint they evaluated in their
-config's ``ckpt_path``, which links them to their training run. Runs whose configurations differ only in
-the seed (and in paths, logger folders) are one model: its row shows mean ± std over the seeds. A
-training run without an evaluation is listed as incomplete with the reason, never dropped silently.
-
-Each app declares its report (a :class:`kpca.training.results.schema.ReportSchema`) next to the code that writes
-it and registers it under a task name in the ``kpca.reports`` entry points; ``kpca-report`` reads only
-what the installed apps register, so a new evaluation needs no change here.
-
-Provenance: each evaluation's protocol per column group comes from its saved config through the schema's protocol
-rules (:mod:`kpca.training.results.protocol`). The evaluation's settings are part of a row's identity, so runs measured
-under different protocols, or evaluated with other settings, are never averaged into one cell: they are separate
-rows (a training run evaluated twice with other settings gives two rows). Cells measured under the authors'
-protocol are marked; each group's protocol is listed under the table and in the CSV's ``protocol:<group>`` columns.
-Reference rows (``--reference``: published numbers, not measured here) are a block of their own, never averaged.
+The command reads what the installed apps register under the ``kpca.reports`` entry points (each app's
+:class:`~kpca.training.results.schema.ReportSchema`), so a new evaluation needs no change here. It collects the runs
+and groups them into models (:mod:`kpca.training.results.collect`: seeds of one model share a row, evaluations under
+other settings or protocols never do, a training run without an evaluation is listed with the reason), then writes the
+comparison (:mod:`kpca.training.results.render`: mean ± std over seeds, the protocol of each column group, published
+references in a block of their own).
 
     kpca-report runs/ --task vision_cls          # runs/comparison.md, .csv and .png
     kpca-report runs/ --task vision_cls --reference paper.csv
