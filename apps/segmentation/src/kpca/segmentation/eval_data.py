@@ -22,18 +22,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kpca.segmentation.corruption_sets import CorruptionPreset, CorruptionSet, resolve_corruption_set
+from kpca.training.replaced_options import moved_into_group
 
-REPLACED_OPTIONS: dict[str, str] = {
-    old: f"data.{old} moved into the data.eval group: write data.eval.{new} (--data.eval.{new}=..., or {new}: "
-    "under eval: under data: in a config file)."
-    for old, new in (
+REPLACED_OPTIONS: dict[str, str] = moved_into_group(
+    "eval",
+    (
         ("eval_subset", "subset"),
         ("corruption_preset", "corruption_preset"),
         ("corruptions", "corruptions"),
         ("severities", "severities"),
         ("corruption_seed", "corruption_seed"),
-    )
-}
+    ),
+)
 """The removed flat ``data`` options of the evaluation sets, each with the error text that gives its new spelling."""
 
 

@@ -38,6 +38,7 @@ from torchvision.datasets import ImageFolder
 from kpca.training.choices import choices
 from kpca.training.data import evenly_spaced
 from kpca.training.images.corruptions import check_corruptions
+from kpca.training.replaced_options import moved_into_group
 from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.image_folders import ClassListImageFolder, class_folders
 from kpca.vision_cls.robustness import SubsetName, check_class_folders, subset_synsets
@@ -45,10 +46,9 @@ from kpca.vision_cls.robustness import SubsetName, check_class_folders, subset_s
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
 IMAGENET_C_LAYOUT = "<data.eval.imagenet_c>/<corruption>/<severity>/<wnid>/* (e.g. gaussian_noise/1/n01440764/x.JPEG)"
 
-REPLACED_OPTIONS: dict[str, str] = {
-    old: f"data.{old} moved into the data.eval group: write data.eval.{new} (--data.eval.{new}=..., or {new}: "
-    "under eval: under data: in a config file)."
-    for old, new in (
+REPLACED_OPTIONS: dict[str, str] = moved_into_group(
+    "eval",
+    (
         ("imagenet_c_root", "imagenet_c"),
         ("imagenet_a_root", "imagenet_a"),
         ("imagenet_r_root", "imagenet_r"),
@@ -56,8 +56,8 @@ REPLACED_OPTIONS: dict[str, str] = {
         ("corruptions", "corruptions"),
         ("severities", "severities"),
         ("eval_subset", "subset"),
-    )
-}
+    ),
+)
 """The removed flat ``data`` options of the evaluation sets, each with the error text that gives its new spelling."""
 
 

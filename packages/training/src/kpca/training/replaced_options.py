@@ -9,7 +9,7 @@ new spelling); :func:`parser_with_hints` gives the parser class whose error then
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NoReturn
 
 from lightning.pytorch.cli import LightningArgumentParser
@@ -27,6 +27,23 @@ def replaced_option_hint(message: str, replaced: Mapping[str, str]) -> str | Non
     names = "|".join(map(re.escape, replaced))
     match = re.search(rf"\bdata\.({names})\b|'data' does not accept option '({names})'", message)
     return replaced[match.group(1) or match.group(2)] if match else None
+
+
+def moved_into_group(group: str, moves: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The replaced-options table of ``data`` options that moved into the group ``data.<group>``.
+
+    Args:
+        group: the group's name under ``data`` (``eval`` for ``data.eval``).
+        moves: ``(old name under data, new name in the group)`` pairs, e.g. ``("eval_subset", "subset")``.
+
+    Returns:
+        old name -> the text that gives the new spelling, on the command line and in a config file.
+    """
+    return {
+        old: f"data.{old} moved into the data.{group} group: write data.{group}.{new} (--data.{group}.{new}=..., or "
+        f"{new}: under {group}: under data: in a config file)."
+        for old, new in moves
+    }
 
 
 def parser_with_hints(replaced: Mapping[str, str]) -> type[LightningArgumentParser]:
