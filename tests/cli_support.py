@@ -4,6 +4,7 @@ import importlib.util
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,13 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CPU = CONFIGS / "trainer" / "cpu.yaml"
 # Expected when a run loads a checkpoint: it logs into a new version folder, so ModelCheckpoint's dirpath moved.
 NEW_CHECKPOINT_DIR = pytest.mark.filterwarnings("ignore:The dirpath has changed from")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a process group's ``MASTER_PORT``)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_cli(main: Callable, prog: str, *args: object):

@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import torch
 import yaml
 
 from kpca.vision_cls.builtin_data import write_digits_imagefolder
-from tests.cli_support import CONFIGS, smoke_options
+from tests.cli_support import CONFIGS, free_port, smoke_options
 
 pytestmark = [
     pytest.mark.slow,
@@ -115,12 +114,6 @@ def wait_all(processes: dict[str, subprocess.Popen], cwd: Path) -> None:
     if any(code != 0 for code in codes.values()):
         tails = "\n".join(f"--- {log}.err:\n{stderr_of(cwd, log)[-3000:]}" for log in processes)
         pytest.fail(f"exit codes {codes} (None: still running after {TIMEOUT:.0f} s)\n{tails}")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def children(pid: int) -> list[int]:

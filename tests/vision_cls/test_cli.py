@@ -21,6 +21,7 @@ from tests.cli_support import (
     CPU,
     NEW_CHECKPOINT_DIR,
     assert_rerun_resumes,
+    free_port,
     run_cli,
     run_to_the_end,
     smoke_options,
@@ -210,6 +211,17 @@ def test_a_killed_fit_resumes_when_the_same_command_is_rerun(tmp_path: Path, dig
         "--trainer.log_every_n_steps=1",
     ]  # fmt: skip
     assert_rerun_resumes("vision_cls", lambda root: smoke(root, digits_cache_dir, *epochs), tmp_path, total_steps=8)
+
+
+def test_a_finished_ddp_subcommand_destroys_its_gloo_process_group(
+    tmp_path: Path, digits_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Left to the interpreter's exit, a gloo group's threads can abort the process (SIGABRT) after a finished run."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    cli = run("validate", *smoke(tmp_path, digits_cache_dir), "--trainer.strategy=ddp", "--trainer.limit_val_batches=1")
+    assert cli.trainer.world_size == 1 and cli.trainer.strategy.process_group_backend == "gloo"
+    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.slow
