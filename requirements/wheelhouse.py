@@ -252,17 +252,18 @@ def pinned_versions(
 def read_freeze(path: Path) -> dict[str, str]:
     """``name -> version`` of a node's ``pip freeze`` (or ``pip list --format=freeze``) output.
 
-    ``name==version`` and ``name @ url`` lines count (the latter with version ``?``); comments, blank lines and
-    ``-e`` lines are skipped.
+    ``name==version``, ``name @ url`` and bare ``name`` lines count (the last two with version ``?``: a hand-written
+    list of what a node's image has, such as ``requirements/h200-image.txt``); comments, blank lines and ``-e`` lines
+    are skipped.
     """
     have = {}
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line or line.startswith("-"):
             continue
-        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:==\s*(\S+)|@\s*\S+)", line)
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:==\s*(\S+)|@\s*\S+)?", line)
         if match is None:
-            raise WheelhouseError(f"{path}:{number}: {raw!r} is no 'name==version' line of pip freeze")
+            raise WheelhouseError(f"{path}:{number}: {raw!r} is no 'name==version' line of pip freeze, nor a bare name")
         have[canonicalize_name(match[1])] = match[2] or "?"
     return have
 

@@ -329,11 +329,30 @@ def test_make_wheelhouse_passes_the_target_on():
 def test_a_nodes_freeze_is_read_and_bad_lines_named(tmp_path: Path):
     freeze = tmp_path / "freeze.txt"
     freeze.write_text("# pip freeze of the node\nnumpy==2.5.2\nLightning==2.6.6\n-e git+https://x/y#egg=y\n\n"
-                      "torch @ file:///wheels/torch.whl\n")  # fmt: skip
-    assert wheelhouse.read_freeze(freeze) == {"numpy": "2.5.2", "lightning": "2.6.6", "torch": "?"}
+                      "torch @ file:///wheels/torch.whl\nPyYAML  # a bare name: a hand-written list\n")  # fmt: skip
+    assert wheelhouse.read_freeze(freeze) == {"numpy": "2.5.2", "lightning": "2.6.6", "torch": "?", "pyyaml": "?"}
     freeze.write_text("numpy>=2\n")
     with pytest.raises(wheelhouse.WheelhouseError, match=r"freeze.txt:1: 'numpy>=2' is no 'name==version' line"):
         wheelhouse.read_freeze(freeze)
+
+
+H200_RUN_CARRIED = {
+    "jsonargparse", "docstring-parser", "typeshed-client", "simplejpeg", "timm", "imagecorruptions-imaug", "mmengine",
+    "mmcv-lite", "mmsegmentation", "addict", "yapf", "termcolor", "prettytable", "wcwidth", "ftfy", "platformdirs",
+    "datasets", "dill", "multiprocess", "pillow", "pytest",
+}  # fmt: skip
+"""What the first H200 run installed from carried wheels beside the five kpca distributions."""
+
+
+def test_the_h200_image_list_leaves_exactly_what_that_run_carried_and_the_newer_dependencies(planned):
+    versions, stack, _ = planned
+    have = wheelhouse.read_freeze(REPO / "requirements" / "h200-image.txt")
+    assert {name for name, version in have.items() if version != "?"} == {
+        "torch", "torchvision", "triton", "lightning", "torchmetrics", "numba", "numpy",
+    }  # fmt: skip
+    assert set(have) <= set(versions) | stack  # no name the project does not need
+    carry, _ = wheelhouse.leave_to_node(versions, have)
+    assert set(carry) == H200_RUN_CARRIED | {"torchdata", "pytest-xdist", "execnet"}
 
 
 def test_what_the_node_has_is_left_to_it_and_listed_in_the_manifest(tmp_path: Path):
