@@ -14,7 +14,7 @@ from kpca.segmentation.data import ADE20KDataModule, CorruptImage, build_transfo
 from kpca.segmentation.eval_data import REPLACED_OPTIONS, EvalData
 from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS
 from kpca.training.replaced_options import replaced_option_hint
-from tests.cli_support import CONFIGS, CPU, printed_config, refusal
+from tests.cli_support import CONFIGS, CPU, assert_each_replaced_option_gives, printed_config, refusal
 from tests.segmentation.conftest import SMOKE_SET
 
 pytestmark = pytest.mark.mmseg
@@ -30,6 +30,11 @@ NEW_SPELLING = {
 """Each removed flat option: a command-line use of it, and the spelling its refusal must give."""
 
 
+def cpu_config(capsys: pytest.CaptureFixture, *options: object) -> dict:
+    """The config ``segmentation test -c cpu.yaml *options`` would save."""
+    return printed_config(capsys, main, "segmentation", "-c", CPU, *options)
+
+
 def datamodule_of(config: dict) -> ADE20KDataModule:
     """The datamodule that the ``data`` section of a parsed or saved config builds."""
     parser = ArgumentParser()
@@ -39,9 +44,7 @@ def datamodule_of(config: dict) -> ADE20KDataModule:
 
 def test_every_removed_option_has_its_new_spelling():
     assert SegmentationCLI.replaced_data_options is REPLACED_OPTIONS
-    assert sorted(REPLACED_OPTIONS) == sorted(NEW_SPELLING)
-    for option, (_, new) in NEW_SPELLING.items():
-        assert f"write {new} (--{new}=" in REPLACED_OPTIONS[option]
+    assert_each_replaced_option_gives(NEW_SPELLING, REPLACED_OPTIONS)
 
 
 def test_the_options_are_checked_when_given():
@@ -72,7 +75,7 @@ def test_lists_from_python_are_kept_as_tuples():
 
 def test_the_group_round_trips_through_a_saved_config(capsys: pytest.CaptureFixture, tmp_path: Path):
     options = ("--data.eval.corruption_preset=elliptical", "--data.eval.severities=[3]", "--data.eval.subset=2")
-    config = printed_config(capsys, main, "segmentation", "-c", CPU, "-c", SMOKE, *options)
+    config = cpu_config(capsys, "-c", SMOKE, *options)
     expected = {
         "corruption_preset": "elliptical",
         "corruptions": ["gaussian_noise"],  # smoke.yaml's
@@ -121,37 +124,17 @@ def test_the_hint_names_removed_options_only():
 
 
 def test_the_configs_test_the_same_sets_as_before(capsys: pytest.CaptureFixture):
-    demo = printed_config(
-        capsys, main, "segmentation", "-c", CPU, "-c", CONFIGS / "segmentation" / "demo_synthetic.yaml"
-    )
+    demo = cpu_config(capsys, "-c", CONFIGS / "segmentation" / "demo_synthetic.yaml")
     demo_corruptions = ("gaussian_noise", "defocus_blur", "contrast", "jpeg_compression")
     expected = [f"{c}/s{s}" for c in demo_corruptions for s in (1, 2, 3, 4, 5)]
     assert [name for name, _, _ in datamodule_of(demo).eval_sets] == ["clean", *expected]
-    ade20k = printed_config(
-        capsys,
-        main,
-        "segmentation",
-        "-c",
-        CPU,
-        "-c",
-        CONFIGS / "segmentation" / "segmenter-tiny_rpc_8xb1-64e_ade20k-512.yaml",
-    )
+    ade20k = cpu_config(capsys, "-c", CONFIGS / "segmentation" / "segmenter-tiny_rpc_8xb1-64e_ade20k-512.yaml")
     expected = [f"{c}/s{s}" for c in IMAGENET_C_CORRUPTIONS for s in (1, 2, 3, 4, 5)]
     assert [name for name, _, _ in datamodule_of(ade20k).eval_sets] == ["clean", *expected]
 
 
 def test_the_test_loaders_hold_the_chosen_images(capsys: pytest.CaptureFixture, seg_cache_dir: Path):
-    config = printed_config(
-        capsys,
-        main,
-        "segmentation",
-        "-c",
-        CPU,
-        "-c",
-        SMOKE,
-        f"--data.cache_dir={seg_cache_dir}",
-        "--data.eval.subset=2",
-    )
+    config = cpu_config(capsys, "-c", SMOKE, f"--data.cache_dir={seg_cache_dir}", "--data.eval.subset=2")
     datamodule = datamodule_of(config)
     datamodule.setup("test")
     loaders = datamodule.test_dataloader()

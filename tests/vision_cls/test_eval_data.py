@@ -11,7 +11,7 @@ from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.eval_data import REPLACED_OPTIONS, EvalData
 from kpca.vision_cls.replaced_options import REPLACED_OPTIONS as ALL_REPLACED
-from tests.cli_support import CONFIGS, CPU, printed_config, refusal
+from tests.cli_support import CONFIGS, CPU, assert_each_replaced_option_gives, printed_config, refusal
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 NEW_SPELLING = {
@@ -32,9 +32,7 @@ def hint(message: str) -> str | None:
 
 
 def test_every_removed_option_has_its_new_spelling():
-    assert sorted(REPLACED_OPTIONS) == sorted(NEW_SPELLING)
-    for option, (_, new) in NEW_SPELLING.items():
-        assert f"write {new} (--{new}=" in REPLACED_OPTIONS[option]
+    assert_each_replaced_option_gives(NEW_SPELLING, REPLACED_OPTIONS)
 
 
 def test_the_options_are_checked_when_given():
