@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from kpca.attention.errors import OptionError
 from kpca.language_model.data import LanguageData
 from kpca.training.data import require_datamodule
 from kpca.training.files import write_atomic
@@ -26,7 +27,7 @@ class SampleText(pl.Callback):
 
     def __init__(self, every_n_epochs: int = 1) -> None:
         if every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+            raise OptionError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         self.every_n_epochs = every_n_epochs
 
     @rank_zero_only

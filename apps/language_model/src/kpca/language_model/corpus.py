@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+from kpca.attention.errors import MissingPathError
 from kpca.language_model.data_checks import find_invalid_utf8, invalid_utf8_problem
 from kpca.training.choices import check_choice, choices
 from kpca.training.data_checks.problems import DataError
@@ -55,7 +56,7 @@ def check_layout(folder: str | os.PathLike[str], kind: str = "raw") -> Path:
     path = Path(folder).expanduser()
     missing = [split_file(path, s, kind).name for s in SPLITS if not split_file(path, s, kind).is_file()]
     if missing:
-        raise FileNotFoundError(f"data_dir {str(folder)!r} lacks {missing}: {layout_hint(kind)}")
+        raise MissingPathError(f"data_dir {str(folder)!r} lacks {missing}: {layout_hint(kind)}")
     return path
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from kpca.attention.errors import OptionError
 from kpca.language_model.corpus import (
     SPLITS,
     Split,
@@ -129,7 +130,7 @@ class TokenBlocks(Dataset):
         self.tokens, self.context = tokens, context
         self._array: np.ndarray | None = None  # opened lazily, once per process (a memmap does not pickle)
         if len(self) == 0:
-            raise ValueError(
+            raise OptionError(
                 f"{tokens.origin} holds {tokens.length} tokens, fewer than one block of {context + 1} (context + 1); "
                 "use a larger text or a smaller data.context"
             )
@@ -167,12 +168,12 @@ class SlidingWindows(Dataset):
         self, tokens: TokenArray, context: int, stride: int, eos_id: int, score_first_token: bool = True
     ) -> None:
         if not 1 <= stride <= context:
-            raise ValueError(f"eval stride must be in [1, context={context}], got {stride}")
+            raise OptionError(f"eval stride must be in [1, context={context}], got {stride}")
         self.tokens, self.context, self.stride, self.eos_id = tokens, context, stride, eos_id
         self.score_first_token = score_first_token
         self.num_targets = tokens.length if score_first_token else tokens.length - 1  # P
         if self.num_targets < 1:
-            raise ValueError(f"{tokens.origin} holds {tokens.length} tokens, too few to score one; use a larger text")
+            raise OptionError(f"{tokens.origin} holds {tokens.length} tokens, too few to score one; use a larger text")
         self._array: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -219,7 +220,7 @@ class Prompts(Dataset):
         self.items = [(text, torch.tensor(tokenizer.encode_prompt(text), dtype=torch.long)) for text in prompts]
         empty = [text for text, ids in self.items if ids.numel() == 0]
         if empty:
-            raise ValueError(f"prompts {empty} encode to no tokens; give each prompt at least one word")
+            raise OptionError(f"prompts {empty} encode to no tokens; give each prompt at least one word")
 
     def __len__(self) -> int:
         return len(self.items)
@@ -317,14 +318,14 @@ class WikiTextDataModule(ProjectDataModule):
             persistent_workers=True,
         )
         if context < 1:
-            raise ValueError(f"context={context} must be >= 1 (tokens per training block and evaluation window)")
+            raise OptionError(f"context={context} must be >= 1 (tokens per training block and evaluation window)")
         if not test_splits:
-            raise ValueError(f"data.test_splits is empty; name at least one of {list(SPLITS)} (default: valid, test)")
+            raise OptionError(f"data.test_splits is empty; name at least one of {list(SPLITS)} (default: valid, test)")
         for split in test_splits:
             check_choice("data.test_splits", split, Split)
         check_choice("data.text_files", text_files, TextFiles)
         if data_dir == BUILTIN and text_files != "raw":
-            raise ValueError("data_dir: builtin is raw text only; set text_files: raw, or give a wiki.*.tokens folder")
+            raise OptionError("data_dir: builtin is raw text only; set text_files: raw, or give a wiki.*.tokens folder")
         self.save_hyperparameters()
         self.tokenizer_config = tokenizer
         self.context = context

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kpca.attention import AttentionSpec
+from kpca.attention.errors import OptionError
 from kpca.language_model.output_heads import WIKITEXT103_CUTOFFS, AdaptiveHead, SoftmaxHead
 from kpca.training.choices import check_choice, choices
 
@@ -150,20 +151,20 @@ class CausalTransformerLM(nn.Module):
     ) -> None:
         super().__init__()
         if vocab_size < 2 or context < 1 or depth < 1:
-            raise ValueError(f"need vocab_size >= 2, context >= 1, depth >= 1; got {vocab_size}, {context}, {depth}")
+            raise OptionError(f"need vocab_size >= 2, context >= 1, depth >= 1; got {vocab_size}, {context}, {depth}")
         if width % num_heads:
-            raise ValueError(f"width {width} must be divisible by num_heads {num_heads}")
+            raise OptionError(f"width {width} must be divisible by num_heads {num_heads}")
         check_choice("norm_position", norm_position, NormPosition)
         check_choice("positions", positions, Positions)
         check_choice("activation", activation, Activation)
         check_choice("output", output, Output)
         if output == "adaptive" and tie_embeddings:
-            raise ValueError(
+            raise OptionError(
                 "tie_embeddings needs output: softmax (the adaptive softmax's clusters have their own weights); "
                 "set tie_embeddings: false with output: adaptive"
             )
         if not (0.0 <= dropout < 1.0 and 0.0 <= attention_dropout < 1.0):
-            raise ValueError(f"dropout and attention_dropout must be in [0, 1), got {dropout}, {attention_dropout}")
+            raise OptionError(f"dropout and attention_dropout must be in [0, 1), got {dropout}, {attention_dropout}")
         self.vocab_size, self.context, self.width = vocab_size, context, width
         self.attention = attention
         self.embed = nn.Embedding(vocab_size, width)
@@ -202,7 +203,7 @@ class CausalTransformerLM(nn.Module):
         """(B, N) token ids -> (B, N, C) final hidden states; position t sees tokens <= t only."""
         n = tokens.shape[1]
         if n > self.context:
-            raise ValueError(f"input has {n} tokens, more than the model's context {self.context}; crop it")
+            raise OptionError(f"input has {n} tokens, more than the model's context {self.context}; crop it")
         x = self.embed(tokens) * math.sqrt(self.width) + self.pos_embed[:n]  # (B, N, C)
         x = self.drop(x)
         for block in self.blocks:
@@ -241,11 +242,11 @@ class CausalTransformerLM(nn.Module):
         ``temperature``. The model sees the last ``context`` tokens at each step.
         """
         if prompt.ndim != 2 or prompt.shape[1] == 0:
-            raise ValueError(f"prompt must be (B, P) token ids with P >= 1, got shape {tuple(prompt.shape)}")
+            raise OptionError(f"prompt must be (B, P) token ids with P >= 1, got shape {tuple(prompt.shape)}")
         if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be None (greedy) or >= 1, got {top_k}")
+            raise OptionError(f"top_k must be None (greedy) or >= 1, got {top_k}")
         if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+            raise OptionError(f"temperature must be > 0, got {temperature}")
         tokens = prompt
         for _ in range(max_new_tokens):
             hidden = self.hidden(tokens[:, -self.context :])[:, -1]  # (B, C)

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
+from kpca.attention.errors import OptionError
 from kpca.language_model.data import LanguageData
 from kpca.language_model.perplexity import NLLTotals, perplexity_rows, write_perplexity_report
 from kpca.training.data import require_built, require_datamodule
@@ -66,7 +67,7 @@ class LanguageModelModule(NetModule):
         compile: bool | CompileOptions = False,
     ) -> None:
         if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError(f"need warmup_steps >= 0 and min_lr_ratio in [0, 1], got {warmup_steps}, {min_lr_ratio}")
+            raise OptionError(f"need warmup_steps >= 0 and min_lr_ratio in [0, 1], got {warmup_steps}, {min_lr_ratio}")
         super().__init__(net, optimizer, compile)
         self.generation = generation
         self.eval_totals = nn.ModuleDict()

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kpca.attention.errors import OptionError
+
 WIKITEXT103_CUTOFFS = (20000, 40000, 200000)  # the authors' (KPCA-S lm/src_attack/train.py:336-341)
 
 
@@ -45,7 +47,7 @@ def check_cutoffs(cutoffs: tuple[int, ...], vocab_size: int) -> None:
     )
     if not valid:
         scaled = sorted({min(max(round(c * vocab_size / 267735), 1), vocab_size - 1) for c in WIKITEXT103_CUTOFFS})
-        raise ValueError(
+        raise OptionError(
             f"adaptive_cutoffs {list(cutoffs)} do not fit the vocabulary of {vocab_size} words: they must be "
             f"increasing integers between 1 and vocab_size - 1 = {vocab_size - 1}. The authors' WikiText-103 "
             f"cutoffs {list(WIKITEXT103_CUTOFFS)} are for its 267,735 words; scaled to this vocabulary they are "
@@ -65,7 +67,7 @@ class AdaptiveHead(nn.AdaptiveLogSoftmaxWithLoss):
     def __init__(self, width: int, vocab_size: int, cutoffs: tuple[int, ...], div_value: float) -> None:
         check_cutoffs(tuple(cutoffs), vocab_size)
         if div_value < 1.0:
-            raise ValueError(f"adaptive_div_value must be >= 1 (1: tails keep the full width), got {div_value}")
+            raise OptionError(f"adaptive_div_value must be >= 1 (1: tails keep the full width), got {div_value}")
         super().__init__(width, vocab_size, list(cutoffs), div_value=div_value, head_bias=True)
 
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torchmetrics import Metric
 
+from kpca.attention.errors import OptionError
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
 from kpca.training.results.schema import ReportSchema
 from kpca.training.results.tables import markdown_table, write_report
@@ -86,7 +87,7 @@ class NLLTotals(Metric):
     def update(self, nll: torch.Tensor, scored: torch.Tensor) -> None:
         """Add the NLL of the scored positions; ``nll`` and ``scored`` have the same shape."""
         if nll.shape != scored.shape:
-            raise ValueError(f"nll {tuple(nll.shape)} and scored {tuple(scored.shape)} must have the same shape")
+            raise OptionError(f"nll {tuple(nll.shape)} and scored {tuple(scored.shape)} must have the same shape")
         self.nll += nll.double()[scored].sum()
         self.tokens += scored.sum()
 
@@ -98,7 +99,7 @@ class NLLTotals(Metric):
 def perplexities(total_nll: float, tokens: int, words: float) -> dict[str, float]:
     """Mean NLL per token, token-level and word-level perplexity of ``tokens`` tokens making ``words`` words."""
     if tokens <= 0 or words <= 0:
-        raise ValueError(f"need tokens > 0 and words > 0 to compute a perplexity, got {tokens} and {words}")
+        raise OptionError(f"need tokens > 0 and words > 0 to compute a perplexity, got {tokens} and {words}")
     return {
         "nll_token": total_nll / tokens,
         "ppl_token": math.exp(total_nll / tokens),

@@ -22,6 +22,7 @@ from typing import Literal
 import numpy as np
 import sentencepiece as spm
 
+from kpca.attention.errors import OptionError
 from kpca.language_model.corpus import file_digest
 from kpca.language_model.word_tokenizer import WordTokenizer, build_word_tokenizer
 from kpca.training.choices import check_choice
@@ -65,14 +66,14 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         check_choice("data.tokenizer.kind", self.kind, TokenizerKind)
         if self.kind == "sentencepiece" and self.vocab_size < MIN_VOCAB_SIZE:
-            raise ValueError(
+            raise OptionError(
                 f"vocab_size must be >= {MIN_VOCAB_SIZE} (256 byte pieces + specials + text), got {self.vocab_size}"
             )
         if self.kind == "word" and self.vocab_size < 2:
-            raise ValueError(f"vocab_size must be >= 2 (<eos> and one word), got {self.vocab_size}")
+            raise OptionError(f"vocab_size must be >= 2 (<eos> and one word), got {self.vocab_size}")
         check_choice("data.tokenizer.model_type", self.model_type, SentencepieceModel)
         if self.min_freq < 0:
-            raise ValueError(f"min_freq must be >= 0, got {self.min_freq}")
+            raise OptionError(f"min_freq must be >= 0, got {self.min_freq}")
 
 
 class Tokenizer:
@@ -82,7 +83,7 @@ class Tokenizer:
         self.model_file = Path(model_file)
         self.sp = spm.SentencePieceProcessor(model_file=str(self.model_file))
         if self.sp.eos_id() != EOS_ID:
-            raise ValueError(
+            raise OptionError(
                 f"{model_file} has eos id {self.sp.eos_id()}, expected {EOS_ID}; train it with train_tokenizer"
             )
 

@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
 
 # NLTK's English stopword list (nltk.corpus.stopwords.words("english"), 179 words), kept here to avoid a download.
@@ -72,9 +73,9 @@ class WordSwap:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rate <= 1.0:
-            raise ValueError(f"word swap rate must be in [0, 1], got {self.rate}")
+            raise OptionError(f"word swap rate must be in [0, 1], got {self.rate}")
         if not self.replacement or any(c.isspace() for c in self.replacement):
-            raise ValueError(f"replacement must be one word without whitespace, got {self.replacement!r}")
+            raise OptionError(f"replacement must be one word without whitespace, got {self.replacement!r}")
         check_choice("data.word_swap.protocol", self.protocol, SwapProtocol)
 
     @property

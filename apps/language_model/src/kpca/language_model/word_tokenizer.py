@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kpca.attention.errors import OptionError
 from kpca.language_model.corpus import file_digest, iter_lines
 from kpca.training.files import write_tree_atomic
 
@@ -54,7 +55,7 @@ class WordTokenizer:
         self.words = self.vocab_file.read_text(encoding="utf-8").split("\n")[:-1]  # one word per line, id order
         self.ids = {word: index for index, word in enumerate(self.words)}
         if not self.words or self.words[0] != EOS or UNK not in self.ids or len(self.ids) != len(self.words):
-            raise ValueError(f"{vocab_file} is not a word vocabulary (<eos> first, <unk> once, unique words)")
+            raise OptionError(f"{vocab_file} is not a word vocabulary (<eos> first, <unk> once, unique words)")
         self.unk_id = self.ids[UNK]
 
     @property
@@ -118,7 +119,7 @@ def build_word_tokenizer(
     write_tree_atomic(folder, "vocab.txt", write, what="word vocabulary folder")
     tokenizer = WordTokenizer(folder / "vocab.txt")
     if tokenizer.vocab_size != vocab_size:
-        raise ValueError(
+        raise OptionError(
             f"the word vocabulary of {train_file} (min_freq {min_freq}) has {tokenizer.vocab_size} words, but "
             f"data.tokenizer.vocab_size is {vocab_size}; set data.tokenizer.vocab_size: {tokenizer.vocab_size} "
             "(the model's output size is linked to it)"

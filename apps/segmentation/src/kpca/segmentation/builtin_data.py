@@ -23,6 +23,7 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 
+from kpca.attention.errors import OptionError
 from kpca.training.files import write_tree_atomic
 
 OUTLINES = ("disc", "square", "triangle", "ring")
@@ -52,9 +53,9 @@ class SyntheticADE20K:
 
     def __post_init__(self) -> None:
         if self.image_size < 32:
-            raise ValueError(f"image_size must be >= 32 (corruptions need it), got {self.image_size}")
+            raise OptionError(f"image_size must be >= 32 (corruptions need it), got {self.image_size}")
         if min(self.num_train, self.num_val, self.max_shapes) < 1:
-            raise ValueError(f"num_train, num_val and max_shapes must be >= 1, got {asdict(self)}")
+            raise OptionError(f"num_train, num_val and max_shapes must be >= 1, got {asdict(self)}")
 
     @property
     def folder_name(self) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice, choices
 from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_SEVERITIES, check_corruptions
 
@@ -49,7 +50,7 @@ class CorruptionSet:
         for name, values in (("corruptions", self.corruptions), ("severities", self.severities)):
             repeated = sorted({v for v in values if values.count(v) > 1})
             if repeated:
-                raise ValueError(f"data.eval.{name} lists {repeated} more than once; give each one once")
+                raise OptionError(f"data.eval.{name} lists {repeated} more than once; give each one once")
 
     def pairs(self) -> list[tuple[str, int]]:
         """``(corruption, severity)`` of every test set, corruption-major: ``[(c0, s0), (c0, s1), ..., (c1, s0), ...]``.

@@ -32,6 +32,7 @@ from mmseg.datasets import ADE20KDataset
 from mmseg.registry import TRANSFORMS
 from torch.utils.data import DataLoader, Dataset
 
+from kpca.attention.errors import MissingPathError, OptionError
 from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
 from kpca.segmentation.data_checks import guard_pipeline, pair_problems, split_problems
 from kpca.segmentation.eval_data import EvalData
@@ -261,7 +262,7 @@ class ADE20KDataModule(ProjectDataModule):
             multiprocessing_context=multiprocessing_context,
         )
         if (root is None) == (builtin is None):
-            raise ValueError(
+            raise OptionError(
                 f"set exactly one of data.root (an ADE20K folder: {ADE20K_LAYOUT}) and data.builtin ('synthetic'); "
                 f"got root={root!r}, builtin={builtin!r}"
             )
@@ -387,11 +388,11 @@ class ADE20KDataModule(ProjectDataModule):
             for folder in SPLIT_FOLDERS.values():
                 path = self.data_root / kind / folder
                 if not path.is_dir():
-                    raise FileNotFoundError(
+                    raise MissingPathError(
                         f"{path} is not a directory; data.root must hold the ADE20K layout {ADE20K_LAYOUT}"
                     )
                 if kind == "images" and not any(path.glob("*.jpg")):
-                    raise FileNotFoundError(f"{path} holds no .jpg images; expected the ADE20K layout {ADE20K_LAYOUT}")
+                    raise MissingPathError(f"{path} holds no .jpg images; expected the ADE20K layout {ADE20K_LAYOUT}")
         for split, folder in SPLIT_FOLDERS.items():
             images, annotations = self.data_root / "images" / folder, self.data_root / "annotations" / folder
             problems = split_problems(images, annotations, split, ADE20K_LAYOUT)

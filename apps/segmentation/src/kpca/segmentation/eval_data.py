@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kpca.attention.errors import OptionError
 from kpca.segmentation.corruption_sets import CorruptionPreset, CorruptionSet, resolve_corruption_set
 from kpca.training.replaced_options import moved_into_group
 
@@ -64,7 +65,7 @@ class EvalData:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.subset is not None and self.subset < 1:
-            raise ValueError(f"data.eval.subset={self.subset} must be positive, or None to evaluate on all images.")
+            raise OptionError(f"data.eval.subset={self.subset} must be positive, or None to evaluate on all images.")
         resolve_corruption_set(self.corruption_preset, self.corruptions, self.severities)  # raises on a bad value
 
     @property

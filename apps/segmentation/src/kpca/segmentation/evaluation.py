@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from kpca.attention.errors import OptionError
 from kpca.segmentation.corruption_sets import ELLIPTICAL_SET
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
 from kpca.training.results.schema import ReportSchema
@@ -128,7 +129,7 @@ def corruption_results(per_set: Mapping[str, Mapping[str, object]], eval_sets: E
     """
     missing = [name for name, _, _ in eval_sets if name not in per_set]
     if missing:
-        raise ValueError(f"no metrics for the evaluation set(s) {missing}; per_set has {sorted(per_set)}")
+        raise OptionError(f"no metrics for the evaluation set(s) {missing}; per_set has {sorted(per_set)}")
     results: dict[str, float] = {}
     by_corruption: dict[str, list[str]] = {}
     for name, corruption, _ in eval_sets:

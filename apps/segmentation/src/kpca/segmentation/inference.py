@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kpca.attention.errors import OptionError
+
 
 def window_origins(size: int, window: int, stride: int) -> list[int]:
     """Start offsets of the windows along one side of ``size`` pixels, the last one flush with the end.
@@ -41,7 +43,7 @@ def slide_inference(
         (B, K, H, W) float32 logits.
     """
     if not 0 < stride <= window:
-        raise ValueError(f"need 0 < stride <= window, got stride={stride}, window={window}")
+        raise OptionError(f"need 0 < stride <= window, got stride={stride}, window={window}")
     b, _, h, w = images.shape
     boxes = [(y, x) for y in window_origins(h, window, stride) for x in window_origins(w, window, stride)]
     hw, ww = min(window, h), min(window, w)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torchmetrics import Metric
 
+from kpca.attention.errors import OptionError
+
 IGNORE_INDEX = 255
 """The label of pixels left out of losses and metrics (ADE20K's 0 "other" after ``reduce_zero_label``)."""
 
@@ -28,11 +30,11 @@ def intersect_and_union(
         ``(intersect, union, pred_area, label_area)``, each (K,) int64 pixel counts.
     """
     if pred.shape != label.shape:
-        raise ValueError(f"pred {tuple(pred.shape)} and label {tuple(label.shape)} must have the same shape")
+        raise OptionError(f"pred {tuple(pred.shape)} and label {tuple(label.shape)} must have the same shape")
     keep = label != ignore_index
     pred, label = pred[keep].long(), label[keep].long()  # (P,), (P,)
     if label.numel() and (label.min() < 0 or label.max() >= num_classes):
-        raise ValueError(f"labels must be in [0, {num_classes}) or {ignore_index}, got {label.unique().tolist()}")
+        raise OptionError(f"labels must be in [0, {num_classes}) or {ignore_index}, got {label.unique().tolist()}")
     intersect = torch.bincount(pred[pred == label], minlength=num_classes)  # (K,)
     pred_area = torch.bincount(pred, minlength=num_classes)  # (K,)
     label_area = torch.bincount(label, minlength=num_classes)  # (K,)

@@ -19,6 +19,7 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from kpca.attention import AttentionSpec, swap_attention
+from kpca.attention.errors import OptionError
 from kpca.attention.vit import Arch, create_vit, load_vit_state_dict
 from kpca.training.checkpointing.weights import read_state_dict
 
@@ -69,7 +70,7 @@ class MaskTransformerHead(nn.Module):
         super().__init__()
         num_heads = num_heads or max(1, dim // 64)
         if dim % num_heads:
-            raise ValueError(f"decoder width {dim} is not divisible by num_heads={num_heads}; pick a divisor")
+            raise OptionError(f"decoder width {dim} is not divisible by num_heads={num_heads}; pick a divisor")
         self.num_classes = num_classes
         self.proj_dec = nn.Linear(in_dim, dim)
         rates = torch.linspace(0, drop_path_rate, depth).tolist()

@@ -13,6 +13,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from torchmetrics import MeanMetric
 
+from kpca.attention.errors import OptionError
 from kpca.segmentation.data import SegmentationData
 from kpca.segmentation.evaluation import corruption_results, write_reports
 from kpca.segmentation.inference import predict_label_map
@@ -67,7 +68,7 @@ class SegmentationModule(NetModule):
         compile: bool | CompileOptions = False,
     ) -> None:
         if not 0 < stride <= window:
-            raise ValueError(f"need 0 < stride <= window, got stride={stride}, window={window}")
+            raise OptionError(f"need 0 < stride <= window, got stride={stride}, window={window}")
         super().__init__(net, optimizer, compile)
         self.val_metrics = SegmentationMetrics(net.num_classes, IGNORE_INDEX)
         self.val_loss = MeanMetric()  # a mean over images: DDP ranks with unequal shards average correctly

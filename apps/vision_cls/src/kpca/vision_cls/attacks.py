@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
 
 AttackName = Literal["fgsm", "pgd", "spsa"]
@@ -63,7 +64,7 @@ def eps_from_255(levels: Sequence[float] = PAPER_EPS_LEVELS) -> list[float]:
     for level in levels:
         _check_real("eps level", level)
         if not math.isfinite(level) or level < 0:
-            raise ValueError(f"eps levels are non-negative numbers in 1/255 units, got {level!r}; e.g. (1, 2, 4)")
+            raise OptionError(f"eps levels are non-negative numbers in 1/255 units, got {level!r}; e.g. (1, 2, 4)")
     return [float(level) / 255.0 for level in levels]
 
 
@@ -96,7 +97,7 @@ class AttackSpec:
     def __post_init__(self) -> None:
         check_choice("attack name", self.name, AttackName)
         if not self.eps:
-            raise ValueError("AttackSpec.eps is empty; pass at least one radius, e.g. eps_from_255((1, 2, 4))")
+            raise OptionError("AttackSpec.eps is empty; pass at least one radius, e.g. eps_from_255((1, 2, 4))")
         for eps in self.eps:
             _check_eps(eps)
         check_choice("space", self.space, AttackSpace)
@@ -104,7 +105,7 @@ class AttackSpec:
         check_choice("labels", self.labels, AttackLabels, "write one of them as a word (YAML's bare true is a boolean)")
         check_choice("spsa_gradient", self.spsa_gradient, SpsaGradient)
         if self.name != "spsa" and self.spsa_gradient != "iterate":
-            raise ValueError(
+            raise OptionError(
                 f"spsa_gradient={self.spsa_gradient!r} is an SPSA setting, but this attack is {self.name!r}; "
                 "drop spsa_gradient from it"
             )
@@ -366,14 +367,14 @@ def _check_real(name: str, value: object) -> None:
 def _check_positive(name: str, value: object) -> None:
     _check_real(name, value)
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        raise OptionError(f"{name} must be a positive finite number, got {value!r}")
 
 
 def _check_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        raise OptionError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def _check_model_and_images(model: object, images: object) -> None:
@@ -387,9 +388,9 @@ def _check_model_and_images(model: object, images: object) -> None:
 def _check_eps(eps: object) -> None:
     _check_real("eps", eps)
     if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}; pass a fraction such as 4 / 255")
+        raise OptionError(f"eps must be a finite number >= 0, got {eps!r}; pass a fraction such as 4 / 255")
     if eps > 1:
-        raise ValueError(f"eps={eps!r} exceeds 1; eps is a fraction, not in 1/255 units: pass {eps!r} / 255")
+        raise OptionError(f"eps={eps!r} exceeds 1; eps is a fraction, not in 1/255 units: pass {eps!r} / 255")
 
 
 def _check_steps(steps: object) -> None:
@@ -402,7 +403,7 @@ def _check_model_precision(model: Model) -> None:
         return
     low = sorted({str(p.dtype) for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)})
     if low:
-        raise ValueError(
+        raise OptionError(
             f"attacks run in float32, but the model has {', '.join(low)} parameters; test with a mixed or "
             "32-bit precision (trainer.precision: bf16-mixed or 32-true), not a *-true half precision"
         )
@@ -428,13 +429,13 @@ def _finish(pixels: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
 def _channel_stats(name: str, value: Stats | None, images: torch.Tensor) -> torch.Tensor:
     """Return ``value`` as a (1, C, 1, 1) tensor on the images' device and dtype."""
     if value is None:
-        raise ValueError(
+        raise OptionError(
             f"space='reference' needs {name}: pass the model's per-channel {name}, "
             f"e.g. timm.data.IMAGENET_DEFAULT_{name.upper()}"
         )
     stats = torch.as_tensor(value, dtype=images.dtype, device=images.device).flatten()
     if stats.numel() != images.shape[1]:
-        raise ValueError(f"{name} must have one value per channel ({images.shape[1]}), got {stats.numel()} values")
+        raise OptionError(f"{name} must have one value per channel ({images.shape[1]}), got {stats.numel()} values")
     return stats.view(1, -1, 1, 1)  # (1, C, 1, 1)
 
 
@@ -468,7 +469,7 @@ def _prepare(
     if space == "pixel":
         low, high = images.min().item(), images.max().item()
         if low < 0 or high > 1:
-            raise ValueError(
+            raise OptionError(
                 f"space='pixel' needs images in [0, 1], got values in [{low:.4g}, {high:.4g}]; pass un-normalised "
                 "images (the model normalises), or use space='reference' with mean/std"
             )
@@ -476,7 +477,7 @@ def _prepare(
     mean_t = _channel_stats("mean", mean, images)
     std_t = _channel_stats("std", std, images)
     if not bool((std_t > 0).all()):
-        raise ValueError(f"std must be positive in every channel, got {std_t.flatten().tolist()}")
+        raise OptionError(f"std must be positive in every channel, got {std_t.flatten().tolist()}")
 
     def to_pixel(normalised: torch.Tensor) -> torch.Tensor:
         return normalised * std_t + mean_t

@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
+from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
 from kpca.training.data import ProjectDataModule, require_built
 from kpca.training.data_checks.bad_files import BadFilesMode, check_bad_files_options
@@ -87,7 +88,7 @@ class VisionData(Protocol):
 def _check_image_source(root: str | None, builtin: str | None) -> None:
     """Raise ValueError unless exactly one of ``data.root`` and ``data.builtin`` (a :data:`Builtin`) is set."""
     if (root is None) == (builtin is None):
-        raise ValueError(
+        raise OptionError(
             f"Set exactly one of data.root and data.builtin (got root={root!r}, builtin={builtin!r}): "
             f"root is an ImageFolder tree ({IMAGENET_LAYOUT}), builtin='digits' the built-in digits."
         )
@@ -106,17 +107,17 @@ def _check_transforms(
 ) -> None:
     """Raise ValueError naming the value and the fix if a setting of the training or evaluation transform is bad."""
     if not 0.0 < crop_pct <= 1.0:
-        raise ValueError(f"crop_pct={crop_pct} must be in (0, 1]; DeiT uses 0.875.")
+        raise OptionError(f"crop_pct={crop_pct} must be in (0, 1]; DeiT uses 0.875.")
     if not 0.0 < scale[0] <= scale[1] <= 1.0:
-        raise ValueError(f"scale={scale!r} must satisfy 0 < low <= high <= 1 (DeiT: (0.08, 1.0))")
+        raise OptionError(f"scale={scale!r} must satisfy 0 < low <= high <= 1 (DeiT: (0.08, 1.0))")
     if not 0.0 <= hflip <= 1.0:
-        raise ValueError(f"hflip={hflip} must be a probability in [0, 1]")
+        raise OptionError(f"hflip={hflip} must be a probability in [0, 1]")
     if not 0.0 <= re_prob <= 1.0:
-        raise ValueError(f"re_prob={re_prob} must be a probability in [0, 1]; 0 disables random erasing.")
+        raise OptionError(f"re_prob={re_prob} must be a probability in [0, 1]; 0 disables random erasing.")
     check_choice("data.re_mode", re_mode, ErasingMode, "choose one of timm's RandomErasing fills")
     check_choice("data.interpolation", interpolation, Interpolation)
     if repeated_aug < 1:
-        raise ValueError(f"repeated_aug={repeated_aug} must be at least 1; 1 disables repeated augmentation.")
+        raise OptionError(f"repeated_aug={repeated_aug} must be at least 1; 1 disables repeated augmentation.")
 
 
 class ImageNetDataModule(ProjectDataModule):
@@ -337,7 +338,7 @@ class ImageNetDataModule(ProjectDataModule):
             ValueError: For ``input="dali"``, whose transform runs in DALI's pipeline (:class:`DaliTrainRecipe`).
         """
         if self.input == "dali":
-            raise ValueError(
+            raise OptionError(
                 "data.input=dali has no DataLoader worker transform: DALI's pipeline runs it (DaliTrainRecipe)."
             )
         stages = timm_train_stages(
@@ -447,7 +448,7 @@ class ImageNetDataModule(ProjectDataModule):
         val = class_folders(self.data_root / "val", IMAGENET_LAYOUT)
         if train != val:
             only_train, only_val = sorted(set(train) - set(val)), sorted(set(val) - set(train))
-            raise ValueError(
+            raise OptionError(
                 f"{self.data_root}: train and val class folders differ (only in train: {only_train[:5]}, only in val: "
                 f"{only_val[:5]}); labels come from the folder names, so both splits need the same classes."
             )

@@ -35,6 +35,7 @@ from torch.utils.data import Dataset, Subset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
+from kpca.attention.errors import OptionError
 from kpca.training.choices import choices
 from kpca.training.data import evenly_spaced
 from kpca.training.images.corruptions import check_corruptions
@@ -117,17 +118,17 @@ class EvalData:
         object.__setattr__(self, "corruptions", tuple(self.corruptions))  # lists from Python callers
         object.__setattr__(self, "severities", tuple(self.severities))
         if self.subset is not None and self.subset < 1:
-            raise ValueError(f"data.eval.subset={self.subset} must be positive, or None to evaluate on all images.")
+            raise OptionError(f"data.eval.subset={self.subset} must be positive, or None to evaluate on all images.")
         check_corruptions(self.corruptions, self.severities)
         if (self.corruptions or self.imagenet_c) and not self.severities:
-            raise ValueError(
+            raise OptionError(
                 "data.eval.severities is empty; list at least one of 1-5 for the corruptions and ImageNet-C."
             )
 
     def check_image_size(self, image_size: int) -> None:
         """Raise ValueError if the on-the-fly corruptions cannot run on ``image_size`` pixel images."""
         if self.corruptions and image_size < 32:
-            raise ValueError(
+            raise OptionError(
                 f"data.image_size={image_size}: imagecorruptions (data.eval.corruptions) needs images of at least "
                 "32 pixels; raise data.image_size or set data.eval.corruptions: []."
             )
@@ -146,7 +147,7 @@ class EvalData:
         """The root folder of ImageNet-A, -R or -O (``kind``); ValueError naming the option if it is unset."""
         root = self.subset_roots().get(kind)
         if root is None:
-            raise ValueError(f"Eval set kind {kind!r} has no folder; set data.eval.{kind}.")
+            raise OptionError(f"Eval set kind {kind!r} has no folder; set data.eval.{kind}.")
         return root
 
     def imagenet_c_corruptions(self) -> list[str]:
@@ -157,7 +158,7 @@ class EvalData:
         known = get_corruption_names("all")
         unknown = [f for f in folders if f not in known]
         if unknown:
-            raise ValueError(
+            raise OptionError(
                 f"{root} has folders {unknown} that are not corruption names; expected the layout "
                 f"{IMAGENET_C_LAYOUT} with corruptions among {known}."
             )
@@ -217,7 +218,7 @@ class EvalData:
             wnids = check_class_folders(root, eval_set.kind)
             missing = [w for w in wnids if w not in class_to_idx]
             if missing:
-                raise ValueError(
+                raise OptionError(
                     f"{root} has class folders {missing[:5]} that are not training classes of {data_root}; "
                     f"{eval_set.kind} needs an ImageNet-1K root (wnid folder names)."
                 )
@@ -268,7 +269,7 @@ def _ood_classes(classes: Sequence[str], data_root: Path) -> list[str]:
     ours = set(classes)
     wnids = [w for w in subset_synsets("imagenet_o") if w in ours]
     if not wnids:
-        raise ValueError(
+        raise OptionError(
             f"data.eval.imagenet_o is set but {data_root} has none of ImageNet-O's 200 wnids as class folders; "
             "ImageNet-O needs an ImageNet-1K root."
         )
@@ -301,7 +302,7 @@ class _CenterCropNoPad(transforms.CenterCrop):
         """The centre ``side`` × ``side`` crop of a PIL image at least that large."""
         width, height = image.size
         if min(width, height) < self.side:
-            raise ValueError(
+            raise OptionError(
                 f"{self.folder} holds a {width}x{height} image, smaller than data.image_size={self.side}: ImageNet-C "
                 f"images are center-cropped, never resized, so set data.image_size to at most {min(width, height)} "
                 "(224 for the released ImageNet-C files)."

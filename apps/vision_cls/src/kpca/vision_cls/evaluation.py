@@ -24,6 +24,7 @@ from torch import nn
 from torchmetrics import CatMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from kpca.attention.errors import OptionError
 from kpca.training.choices import choices
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, config_entry, record_protocol
 from kpca.training.results.schema import ReportSchema
@@ -203,12 +204,12 @@ class RobustnessEvaluator:
         report_name: str = ROBUSTNESS_REPORT.stem,
     ) -> None:
         if attack_batches is not None and attack_batches < 1:
-            raise ValueError(f"attack_batches must be >= 1 or None (all batches), got {attack_batches}")
+            raise OptionError(f"attack_batches must be >= 1 or None (all batches), got {attack_batches}")
         self.attacks = list(attacks or [])
         tags = [a.tag for a in self.attacks]
         repeated = sorted({tag for tag in tags if tags.count(tag) > 1})
         if repeated:
-            raise ValueError(
+            raise OptionError(
                 f"attacks {repeated} appear more than once (same name, space, labels and SPSA gradient); "
                 "list every radius of one attack in a single entry's eps"
             )

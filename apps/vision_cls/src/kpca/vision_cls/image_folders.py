@@ -8,6 +8,8 @@ from pathlib import Path
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
+from kpca.attention.errors import MissingPathError, OptionError
+
 
 class ClassListImageFolder(ImageFolder):
     """ImageFolder whose classes (and so labels, their positions in ``classes``) are given instead of discovered.
@@ -30,8 +32,8 @@ class ClassListImageFolder(ImageFolder):
 def class_folders(directory: Path, layout: str) -> list[str]:
     """Sorted class folder names of ``directory``; FileNotFoundError or ValueError naming ``layout`` if unusable."""
     if not directory.is_dir():
-        raise FileNotFoundError(f"{directory} is not a directory; expected the layout {layout}.")
+        raise MissingPathError(f"{directory} is not a directory; expected the layout {layout}.")
     try:
         return find_classes(directory)[0]
     except FileNotFoundError:
-        raise ValueError(f"{directory} has no class sub-folders; expected the layout {layout}.") from None
+        raise OptionError(f"{directory} has no class sub-folders; expected the layout {layout}.") from None

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_average_precision
 
+from kpca.attention.errors import MissingPathError, OptionError
 from kpca.training.choices import check_choice
 from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_GROUPS, IMAGENET_C_SEVERITIES
 
@@ -262,13 +263,13 @@ def check_class_folders(root: str | os.PathLike[str], name: SubsetName) -> tuple
     path = Path(root)
     layout = f"{path}/<wnid>/<image> with {name}'s wnids (e.g. {expected[0]})"
     if not path.is_dir():
-        raise FileNotFoundError(f"{name} root {str(path)!r} is not a folder; expected {layout}")
+        raise MissingPathError(f"{name} root {str(path)!r} is not a folder; expected {layout}")
     found = tuple(sorted(entry.name for entry in os.scandir(path) if entry.is_dir()))
     if not found:
-        raise ValueError(f"{name} root {str(path)!r} has no class folders; expected {layout}")
+        raise OptionError(f"{name} root {str(path)!r} has no class folders; expected {layout}")
     unexpected = sorted(set(found) - set(expected))
     if unexpected:
-        raise ValueError(
+        raise OptionError(
             f"{str(path)!r} holds {len(unexpected)} class folders that are not {name} wnids (e.g. {unexpected[:3]}); "
             f"point data.eval.{name} at the extracted {name.replace('_', '-')} folder"
         )
@@ -289,7 +290,7 @@ def masked_logits(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.dtype != torch.long:
         raise TypeError(f"indices must be a 1-D int64 tensor such as subset_indices('imagenet_a'), got {indices!r}")
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= logits.shape[1]):
-        raise ValueError(f"indices must lie in [0, {logits.shape[1]}) (the logits' classes), got {indices.tolist()}")
+        raise OptionError(f"indices must lie in [0, {logits.shape[1]}) (the logits' classes), got {indices.tolist()}")
     return logits.index_select(1, indices.to(logits.device))  # (B, M)
 
 
@@ -326,9 +327,9 @@ def ood_aupr(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
     """
     for arg, scores in (("scores_in", scores_in), ("scores_out", scores_out)):
         if not isinstance(scores, torch.Tensor) or scores.dim() != 1 or scores.numel() == 0:
-            raise ValueError(f"{arg} must be a non-empty 1-D tensor of scores, got {scores!r}")
+            raise OptionError(f"{arg} must be a non-empty 1-D tensor of scores, got {scores!r}")
         if not bool(torch.isfinite(scores).all()):
-            raise ValueError(f"{arg} contains NaN or inf; compute scores from finite logits")
+            raise OptionError(f"{arg} contains NaN or inf; compute scores from finite logits")
     scores = torch.cat([scores_out.double().cpu(), scores_in.double().cpu()])  # (N_out + N_in,)
     target = torch.cat([torch.ones(scores_out.numel()), torch.zeros(scores_in.numel())]).long()
     _, ranks = torch.unique(scores, return_inverse=True)
@@ -339,16 +340,16 @@ def ood_aupr(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
 def _group_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, dict[int, float]]:
     """Validate ``{(corruption, severity): error}`` and regroup it as ``{corruption: {severity: error}}``."""
     if not isinstance(errors, Mapping) or not errors:
-        raise ValueError("errors must be a non-empty mapping {(corruption, severity): top-1 error}")
+        raise OptionError("errors must be a non-empty mapping {(corruption, severity): top-1 error}")
     grouped: dict[str, dict[int, float]] = {}
     for key, error in errors.items():
         if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str)):
             raise TypeError(f"errors keys must be (corruption, severity) tuples, got {key!r}")
         corruption, severity = key
         if isinstance(severity, bool) or severity not in IMAGENET_C_SEVERITIES:
-            raise ValueError(f"severity must be an integer in 1..5, got {severity!r} for {corruption!r}")
+            raise OptionError(f"severity must be an integer in 1..5, got {severity!r} for {corruption!r}")
         if isinstance(error, bool) or not isinstance(error, Real) or not 0.0 <= error <= 1.0:
-            raise ValueError(f"error for {key!r} must be a top-1 error in [0, 1] (not a percentage), got {error!r}")
+            raise OptionError(f"error for {key!r} must be a top-1 error in [0, 1] (not a percentage), got {error!r}")
         grouped.setdefault(corruption, {})[int(severity)] = float(error)
     return grouped
 

@@ -29,6 +29,8 @@ from typing import Literal, TypeVar, get_args
 
 import torch
 
+from kpca.attention.errors import OptionError
+
 Backend = Literal["auto", "torch", "triton"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 ENV_VAR = "KPCA_ATTN_BACKEND"
@@ -52,7 +54,7 @@ _triton_ran = False  # Triton's first launch under "auto" worked: it is not chec
 def check_backend(backend: str, source: str = "backend") -> None:
     """Raise ``ValueError`` unless ``backend`` is one of :data:`BACKENDS`."""
     if backend not in BACKENDS:
-        raise ValueError(f"{source} must be one of {BACKENDS}, got {backend!r}")
+        raise OptionError(f"{source} must be one of {BACKENDS}, got {backend!r}")
 
 
 def set_backend(backend: Backend) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from kpca.attention._masks import masked_sdpa
 from kpca.attention._pap import pap_attention
+from kpca.attention.errors import OptionError
 from kpca.attention.functional import rpc_attention, softmax_attention
 
 
@@ -97,7 +98,7 @@ def rpc_call(
 def refuse_token_order(is_causal: bool, key_padding_mask: torch.Tensor | None) -> None:
     """Scaled Attention S mixes values across all N tokens: no causal mask or key padding can hold."""
     if is_causal or key_padding_mask is not None:
-        raise ValueError(
+        raise OptionError(
             "ScaledAttention mixes values across all tokens (A (I - S) V), so it cannot be causal or take a "
             "key_padding_mask; use kind 'scaled_alpha' (causal and padding safe) or plain softmax attention"
         )
@@ -114,7 +115,7 @@ def scaled_values(
     refuse_token_order(is_causal, key_padding_mask)
     n, built_for = v.shape[2], s_matrix.shape[-1]
     if n != built_for:
-        raise ValueError(
+        raise OptionError(
             f"ScaledAttention was built for num_tokens={built_for} but got N={n} tokens; build it "
             "(AttentionSpec.num_tokens) for the model's sequence length"
         )

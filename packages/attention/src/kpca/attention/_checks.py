@@ -8,6 +8,8 @@ from typing import Literal, get_args
 
 import torch
 
+from kpca.attention.errors import OptionError
+
 Convention = Literal["reference", "pcp"]
 CONVENTIONS: tuple[str, ...] = get_args(Convention)
 
@@ -19,14 +21,14 @@ def check_qkv(**tensors: torch.Tensor) -> tuple[int, int, int, int]:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(
+            raise OptionError(
                 f"{name} must have rank 4, (B, H, N, D), got shape {tuple(t.shape)}; "
                 "split heads first, e.g. x.view(B, N, H, D).transpose(1, 2)"
             )
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
         if t.shape != first.shape:
-            raise ValueError(
+            raise OptionError(
                 f"{name} shape {tuple(t.shape)} does not match {first_name} shape {tuple(first.shape)}; "
                 "they must be equal (B, H, N, D)"
             )
@@ -54,7 +56,7 @@ def check_attn_mask(attn_mask: torch.Tensor | None, b: int, h: int, n: int) -> N
     except RuntimeError:
         ok = False
     if not ok:
-        raise ValueError(
+        raise OptionError(
             f"attn_mask shape {tuple(attn_mask.shape)} does not broadcast to (B, H, N, N) = {(b, h, n, n)}; "
             "use (N, N), (B, 1, N, N) or (B, H, N, N)"
         )
@@ -68,13 +70,13 @@ def check_key_padding_mask(key_padding_mask: torch.Tensor | None, b: int, n: int
         got = key_padding_mask.dtype if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__
         raise TypeError(f"key_padding_mask must be a bool tensor (True = padded), got {got}")
     if tuple(key_padding_mask.shape) != (b, n):
-        raise ValueError(f"key_padding_mask shape {tuple(key_padding_mask.shape)} must be (B, N) = {(b, n)}")
+        raise OptionError(f"key_padding_mask shape {tuple(key_padding_mask.shape)} must be (B, N) = {(b, n)}")
 
 
 def check_dropout(dropout_p: float) -> None:
     """Check a dropout probability in [0, 1)."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, Real) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+        raise OptionError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
 
 
 def check_scale(scale: float | None) -> None:
@@ -82,7 +84,7 @@ def check_scale(scale: float | None) -> None:
     if scale is None:
         return
     if isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a positive finite float or None (1/sqrt(D)), got {scale!r}")
+        raise OptionError(f"scale must be a positive finite float or None (1/sqrt(D)), got {scale!r}")
 
 
 def check_pap_args(n_iter: int, lambd: float, convention: str, embed_dim: int | None) -> None:
@@ -90,17 +92,17 @@ def check_pap_args(n_iter: int, lambd: float, convention: str, embed_dim: int | 
     if isinstance(n_iter, bool) or not isinstance(n_iter, Integral):
         raise TypeError(f"n_iter must be an int >= 1, got {n_iter!r} ({type(n_iter).__name__})")
     if n_iter < 1:
-        raise ValueError(f"n_iter must be >= 1 (the number of attention evaluations), got {n_iter}")
+        raise OptionError(f"n_iter must be >= 1 (the number of attention evaluations), got {n_iter}")
     if isinstance(lambd, bool) or not isinstance(lambd, Real):
         raise TypeError(f"lambd must be a positive finite float, got {lambd!r} ({type(lambd).__name__})")
     if not math.isfinite(lambd) or lambd <= 0:
-        raise ValueError(f"lambd must be a positive finite float (the paper uses 4.0), got {lambd!r}")
+        raise OptionError(f"lambd must be a positive finite float (the paper uses 4.0), got {lambd!r}")
     if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+        raise OptionError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     if embed_dim is not None:
         if isinstance(embed_dim, bool) or not isinstance(embed_dim, Integral) or embed_dim < 1:
-            raise ValueError(f"embed_dim must be a positive int or None (H * D), got {embed_dim!r}")
+            raise OptionError(f"embed_dim must be a positive int or None (H * D), got {embed_dim!r}")
         if convention != "reference":
-            raise ValueError(
+            raise OptionError(
                 f"embed_dim={embed_dim} only applies to convention='reference'; convention='pcp' uses the head dim D"
             )

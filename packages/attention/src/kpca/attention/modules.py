@@ -19,6 +19,7 @@ from torch import nn
 from kpca.attention._backend import Backend, check_backend
 from kpca.attention._calls import refuse_token_order, rpc_call, scaled_values, softmax_call
 from kpca.attention._checks import Convention, check_pap_args
+from kpca.attention.errors import OptionError
 from kpca.attention.functional import RPCState, rpc_attention
 from kpca.attention.layout import qkv_rows, split_heads
 
@@ -106,11 +107,11 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         super().__init__()
         check_backend(backend)
         if num_heads < 1:
-            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+            raise OptionError(f"num_heads must be >= 1, got {num_heads}")
         if attn_head_dim is None and dim % num_heads:
-            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}; pick num_heads dividing dim")
+            raise OptionError(f"dim={dim} is not divisible by num_heads={num_heads}; pick num_heads dividing dim")
         if (qk_norm or scale_norm) and norm_layer is None:
-            raise ValueError("qk_norm=True or scale_norm=True needs a norm_layer, e.g. norm_layer=nn.LayerNorm")
+            raise OptionError("qk_norm=True or scale_norm=True needs a norm_layer, e.g. norm_layer=nn.LayerNorm")
         dd = {"device": device, "dtype": dtype}
         self.symmetric = symmetric
         self.num_heads = num_heads
@@ -257,7 +258,7 @@ class RPCAttention(_ProjectedAttention):
     def _attend_recording(self, k, v, attn_mask, key_padding_mask, is_causal: bool, dropout_p: float) -> torch.Tensor:
         """:meth:`_attend` keeping the :class:`RPCState` in ``last_state``; eager only."""
         if isinstance(k, torch.fx.Proxy):
-            raise ValueError(
+            raise OptionError(
                 "RPCAttention.record_state keeps the state of eager forwards, and a torch.fx trace has none; "
                 "set record_state = False before tracing"
             )
@@ -285,7 +286,7 @@ class ScaledAttention(_ProjectedAttention):
     def __init__(self, dim: int, num_heads: int = 8, *, num_tokens: int, **kwargs: Unpack[AttentionOptions]) -> None:
         super().__init__(dim, num_heads, False, **kwargs)
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
-            raise ValueError(f"num_tokens must be a positive int (N, the sequence length), got {num_tokens!r}")
+            raise OptionError(f"num_tokens must be a positive int (N, the sequence length), got {num_tokens!r}")
         refuse_token_order(self.is_causal, None)
         self.num_tokens = num_tokens
         like = self.qkv.weight

@@ -14,6 +14,7 @@ from torch import nn
 
 from kpca.attention._backend import Backend, check_backend
 from kpca.attention._checks import Convention, check_pap_args
+from kpca.attention.errors import OptionError
 from kpca.attention.modules import AlphaAsymAttention, RPCAttention, ScaledAttention, SoftmaxAttention
 
 Builder = Callable[..., nn.Module]
@@ -62,11 +63,13 @@ def register_attention_kind(name: str, *, others: str | None = None) -> Callable
     def register(build: Builder) -> Builder:
         global KINDS, AttentionKind
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"an attention kind's name must be a Python identifier, got {name!r}")
+            raise OptionError(f"an attention kind's name must be a Python identifier, got {name!r}")
         if name in _REGISTRY:
-            raise ValueError(f"attention kind {name!r} is registered already (by {_REGISTRY[name].build.__qualname__})")
+            raise OptionError(
+                f"attention kind {name!r} is registered already (by {_REGISTRY[name].build.__qualname__})"
+            )
         if others is not None and others not in _REGISTRY:
-            raise ValueError(f"others={others!r} for kind {name!r} is no registered kind; register it first: {KINDS}")
+            raise OptionError(f"others={others!r} for kind {name!r} is no registered kind; register it first: {KINDS}")
         _REGISTRY[name] = RegisteredKind(name, build, others)
         KINDS = tuple(_REGISTRY)
         AttentionKind = Literal[KINDS]
@@ -83,7 +86,7 @@ def registered_kind(name: str) -> RegisteredKind:
     """
     entry = _REGISTRY.get(name) if isinstance(name, str) else None
     if entry is None:
-        raise ValueError(
+        raise OptionError(
             f"AttentionSpec.kind must be one of {KINDS}, got {name!r}; a new kind is registered with "
             "kpca.attention.register_attention_kind"
         )
@@ -133,15 +136,15 @@ class AttentionSpec:
         if self.num_tokens is not None and (
             isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1
         ):
-            raise ValueError(f"AttentionSpec.num_tokens must be a positive int or None, got {self.num_tokens!r}")
+            raise OptionError(f"AttentionSpec.num_tokens must be a positive int or None, got {self.num_tokens!r}")
         if self.layers != "all":
             layers = self.layers
             if isinstance(layers, (str, int)) or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in layers
             ):
-                raise ValueError(f"AttentionSpec.layers must be 'all' or a list of block indices, got {layers!r}")
+                raise OptionError(f"AttentionSpec.layers must be 'all' or a list of block indices, got {layers!r}")
             if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
-                raise ValueError(f"AttentionSpec.layers must hold distinct non-negative indices, got {list(layers)}")
+                raise OptionError(f"AttentionSpec.layers must hold distinct non-negative indices, got {list(layers)}")
 
     def block_indices(self, depth: int) -> list[int]:
         """The indices of the blocks that get ``kind`` in a model of ``depth`` blocks."""
@@ -149,7 +152,7 @@ class AttentionSpec:
             return list(range(depth))
         too_big = [i for i in self.layers if i >= depth]
         if too_big:
-            raise ValueError(f"AttentionSpec.layers {too_big} out of range for a model with {depth} blocks")
+            raise OptionError(f"AttentionSpec.layers {too_big} out of range for a model with {depth} blocks")
         return sorted(self.layers)
 
     def per_block(self, depth: int) -> list[AttentionSpec | None]:
@@ -201,7 +204,7 @@ def _rpc(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
 @register_attention_kind("scaled_s")
 def _scaled_s(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     if spec.num_tokens is None:
-        raise ValueError(
+        raise OptionError(
             "AttentionSpec(kind='scaled_s') needs num_tokens (N, the sequence length) to build S; set it, "
             "or let swap_attention read it from a timm ViT"
         )

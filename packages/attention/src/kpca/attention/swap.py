@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kpca.attention.errors import OptionError
 from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv
 from kpca.attention.spec import AttentionSpec
 
@@ -60,7 +61,7 @@ def _vit_num_tokens(model: nn.Module) -> int:
     """N of a timm ViT: patches plus prefix (class / distillation / register) tokens."""
     patches = getattr(getattr(model, "patch_embed", None), "num_patches", None)
     if not isinstance(patches, int):
-        raise ValueError(
+        raise OptionError(
             f"cannot read the sequence length of {type(model).__name__} (no patch_embed.num_patches); "
             "set AttentionSpec.num_tokens for kind 'scaled_s'"
         )

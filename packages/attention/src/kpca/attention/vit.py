@@ -33,6 +33,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import resample_abs_pos_embed
 from timm.models import VisionTransformer, build_model_with_cfg, generate_default_cfgs, register_model
 
+from kpca.attention.errors import OptionError
 from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv, is_attention_layer, qkv_rows
 from kpca.attention.spec import AttentionSpec
 from kpca.attention.swap import swap_attention
@@ -69,7 +70,7 @@ def model_name(arch: str, kind: str) -> str:
         ValueError: if no family of :data:`FAMILIES` has attention ``kind``.
     """
     if kind not in _FAMILY_OF_KIND:
-        raise ValueError(
+        raise OptionError(
             f"attention kind {kind!r} has no ViT family in kpca.attention.vit.FAMILIES ({sorted(_FAMILY_OF_KIND)} "
             "have); add one (its timm name prefix and default AttentionSpec) to build and register its ViTs"
         )
@@ -109,7 +110,7 @@ def create_vit(
     """
     if arch not in ARCHS:
         allowed = ", ".join(repr(name) for name in ARCHS)
-        raise ValueError(f"arch={arch!r} is not one of {allowed}; choose one of DeiT's sizes.")
+        raise OptionError(f"arch={arch!r} is not one of {allowed}; choose one of DeiT's sizes.")
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     name = model_name(arch, attention.kind)
     return _build_vit(name, attention, pretrained, **{**ARCHS[arch], "patch_size": PATCH_SIZE, **kwargs})
@@ -140,7 +141,7 @@ def _family_attention(name: str, family: str, overrides: Mapping[str, object]) -
     """The family's AttentionSpec with ``overrides`` (the ``attention=`` of a registered model) applied."""
     default = FAMILIES[family]
     if "kind" in overrides and overrides["kind"] != default.kind:
-        raise ValueError(
+        raise OptionError(
             f"{name} has attention kind {default.kind!r}; got attention={dict(overrides)!r}. Drop 'kind', or build "
             "another kind with kpca.attention.vit.create_vit"
         )
@@ -233,7 +234,7 @@ def load_vit_state_dict(
     """
     fitted, report = _fit_state_dict(vit, state_dict, skip_prefixes, source)
     if strict and not report.clean:
-        raise ValueError(f"{source} does not fit the model (set {strict_option} to skip these):\n{report}")
+        raise OptionError(f"{source} does not fit the model (set {strict_option} to skip these):\n{report}")
     vit.load_state_dict(fitted, strict=False)
     report.loaded = len(fitted)
     logger.info("%s", report)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from kpca.attention.capture import attention_layers, project_qkv, record_attention_inputs
+from kpca.attention.errors import OptionError
 from kpca.attention.kernel_pca import kernel_pca_diagnostics
 from kpca.training.callbacks import layer_tag, tensorboard_writer
 from kpca.training.files import write_atomic
@@ -101,7 +102,7 @@ def analyze_network(net: nn.Module, inputs: torch.Tensor) -> list[LayerAnalysis]
     """
     layers = attention_layers(net)
     if not layers:
-        raise ValueError(f"{type(net).__name__} has no attention layer with timm's layout (qkv, num_heads)")
+        raise OptionError(f"{type(net).__name__} has no attention layer with timm's layout (qkv, num_heads)")
     was_training = net.training
     net.eval()
     try:
@@ -222,19 +223,19 @@ def read_analysis(path: Path, *, model: str | None = None) -> list[LayerAnalysis
         columns = ("model", "layer", "heads", "symmetric", *SUMMARY_METRICS)
         missing = [column for column in columns if column not in (reader.fieldnames or ())]
         if missing:
-            raise ValueError(
+            raise OptionError(
                 f"{path} lacks the kernel-PCA column(s) {missing}; it is not a table of write_analysis or was "
                 "written by an older version: run analyze again to rewrite it"
             )
         rows = list(reader)
     models = list(dict.fromkeys(row["model"] for row in rows))
     if not models:
-        raise ValueError(f"{path} has no rows; write it with write_analysis from at least one layer")
+        raise OptionError(f"{path} has no rows; write it with write_analysis from at least one layer")
     if model is None and len(models) > 1:
-        raise ValueError(f"{path} holds the models {models}; pass model= one of them")
+        raise OptionError(f"{path} holds the models {models}; pass model= one of them")
     chosen = models[0] if model is None else model
     if chosen not in models:
-        raise ValueError(f"model {chosen!r} is not in {path}, which holds {models}")
+        raise OptionError(f"model {chosen!r} is not in {path}, which holds {models}")
     return [_layer_from_row(row, path) for row in rows if row["model"] == chosen]
 
 
@@ -244,9 +245,9 @@ def _layer_from_row(row: Mapping[str, str], path: Path) -> LayerAnalysis:
         heads = int(row["heads"])
         values = {name: float(row[name]) for name in SUMMARY_METRICS}
     except ValueError as error:
-        raise ValueError(f"{path}, layer {row['layer']!r}: a cell is not a number ({error})") from error
+        raise OptionError(f"{path}, layer {row['layer']!r}: a cell is not a number ({error})") from error
     if heads < 1 or row["symmetric"] not in ("True", "False"):
-        raise ValueError(
+        raise OptionError(
             f"{path}, layer {row['layer']!r}: heads must be a positive int and symmetric True or False, "
             f"got heads={row['heads']!r}, symmetric={row['symmetric']!r}"
         )
@@ -279,9 +280,9 @@ class KernelPCAMonitor(pl.Callback):
 
     def __init__(self, every_n_epochs: int = 0, samples: int = 8) -> None:
         if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 0:
-            raise ValueError(f"every_n_epochs must be an int >= 0 (0 turns the monitor off), got {every_n_epochs!r}")
+            raise OptionError(f"every_n_epochs must be an int >= 0 (0 turns the monitor off), got {every_n_epochs!r}")
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise ValueError(f"samples must be a positive int, got {samples!r}")
+            raise OptionError(f"samples must be a positive int, got {samples!r}")
         self.every_n_epochs = every_n_epochs
         self.samples = samples
         self._inputs: torch.Tensor | None = None
@@ -292,7 +293,7 @@ class KernelPCAMonitor(pl.Callback):
             return
         loaders = trainer.datamodule.val_dataloader() if trainer.datamodule is not None else None
         if loaders is None:
-            raise ValueError("KernelPCAMonitor needs a datamodule with a val_dataloader to fix its batch")
+            raise OptionError("KernelPCAMonitor needs a datamodule with a val_dataloader to fix its batch")
         loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
         self._inputs = network_inputs(next(iter(loader)))[: self.samples].clone()
 

@@ -16,6 +16,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
 from kpca.attention import RPCAttention
+from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
 from kpca.training.results.protocol import read_protocol_file
 
@@ -59,7 +60,7 @@ class RPCDiagnostics(pl.Callback):
 
     def __init__(self, every_n_steps: int = 50) -> None:
         if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+            raise OptionError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self._step = 0
 
@@ -159,7 +160,7 @@ class Throughput(ThroughputMonitor):
         window_size: int = 20,
     ) -> None:
         if window_size < 2:
-            raise ValueError(f"window_size must be >= 2 (a rate needs two time stamps), got {window_size}")
+            raise OptionError(f"window_size must be >= 2 (a rate needs two time stamps), got {window_size}")
         super().__init__(batch_size_fn, length_fn, window_size=window_size)
 
     def on_test_start(self, *args: Any) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import types
 from typing import Literal, Union, get_args, get_origin
 
+from kpca.attention.errors import OptionError
+
 
 def choices(choice_type: object) -> tuple[object, ...]:
     """The values of a ``Literal`` type, in order: ``Literal["a", "b"]`` -> ``("a", "b")``.
@@ -48,7 +50,7 @@ def _same(value: object, choice: object) -> bool:
 
 
 def check_choice(name: str, value: object, choice_type: object, fix: str = "") -> None:
-    """Raise ValueError naming the option, the value and the allowed values unless ``value`` is one of them.
+    """Raise OptionError (a ValueError) naming the option, the value and the allowed values unless ``value`` is one of them.
 
     Args:
         name: the option as the user writes it, e.g. ``"data.bad_files"``.
@@ -58,9 +60,9 @@ def check_choice(name: str, value: object, choice_type: object, fix: str = "") -
             always lists the values.
 
     Raises:
-        ValueError: ``<name>=<value> is not one of 'a', 'b'; <fix>`` (the fix defaults to "choose one of them").
+        OptionError: ``<name>=<value> is not one of 'a', 'b'; <fix>`` (the fix defaults to "choose one of them").
     """
     if is_choice(value, choice_type):
         return
     allowed = ", ".join(repr(choice) for choice in choices(choice_type))
-    raise ValueError(f"{name}={value!r} is not one of {allowed}; {fix.rstrip('.') or 'choose one of them'}.")
+    raise OptionError(f"{name}={value!r} is not one of {allowed}; {fix.rstrip('.') or 'choose one of them'}.")

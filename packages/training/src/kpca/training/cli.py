@@ -37,6 +37,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from kpca.attention.errors import OptionError
 from kpca.training.analysis import KernelPCAMonitor
 from kpca.training.callbacks import (
     DeferredSlurmRequeue,
@@ -285,12 +286,12 @@ class ProjectCLI(LightningCLI):
         """Point ``ckpt_path`` and the logger's version at the newest readable checkpoint of this experiment."""
         run_logger = config.trainer.logger
         if not (hasattr(run_logger, "class_path") and run_logger.class_path.rsplit(".", 1)[-1] in RUN_LOGGERS):
-            raise ValueError(
+            raise OptionError(
                 f"--ckpt_path {config.ckpt_path} finds the run folders of one TensorBoardLogger or CSVLogger, got "
                 f"trainer.logger={run_logger!r}; set one (configs/trainer/*.yaml do) or pass a checkpoint file."
             )
         if config.checkpoint.dirpath is not None:
-            raise ValueError(
+            raise OptionError(
                 f"--ckpt_path {config.ckpt_path} looks in the run folders' checkpoints/, but checkpoint.dirpath="
                 f"{config.checkpoint.dirpath!r} puts them elsewhere; unset it or pass a checkpoint file."
             )
@@ -307,7 +308,7 @@ class ProjectCLI(LightningCLI):
         )
         if resume.checkpoint is None and SLURMEnvironment.detect() and any(hpc_dir.glob("hpc_ckpt_*.ckpt")):
             # Lightning restores the newest hpc_ckpt_* of default_root_dir under SLURM whenever ckpt_path is None.
-            raise ValueError(
+            raise OptionError(
                 f"--ckpt_path {config.ckpt_path}: this experiment has no checkpoint, but trainer.default_root_dir="
                 f"{str(hpc_dir)!r} holds SLURM hpc_ckpt_*.ckpt files of another run, which Lightning would restore "
                 "under SLURM. Give each experiment its own --trainer.default_root_dir (e.g. runs/<experiment>)."

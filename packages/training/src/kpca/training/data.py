@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from kpca.attention.errors import OptionError
 from kpca.training.data_checks.problems import DataProblem
 from kpca.training.resumable import ResumableLoader, resumable_loader
 
@@ -57,10 +58,10 @@ def per_device_batch_size(global_batch: int, world_size: int, name: str = "data.
         ValueError: If ``global_batch`` is not a positive multiple of ``world_size``.
     """
     if world_size < 1:
-        raise ValueError(f"world_size={world_size} must be at least 1.")
+        raise OptionError(f"world_size={world_size} must be at least 1.")
     if global_batch < world_size or global_batch % world_size:
         lower = max(world_size, global_batch // world_size * world_size)
-        raise ValueError(
+        raise OptionError(
             f"{name.rsplit('.', 1)[-1]}={global_batch} (the global batch) is not divisible by world_size={world_size} "
             f"(devices × nodes); set {name} to a multiple of {world_size}, e.g. {lower}."
         )
@@ -182,11 +183,11 @@ class ProjectDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be positive (it is the global batch over all devices).")
+            raise OptionError(f"batch_size={batch_size} must be positive (it is the global batch over all devices).")
         if num_workers < 0:
-            raise ValueError(f"num_workers={num_workers} must be 0 (load in the main process) or more.")
+            raise OptionError(f"num_workers={num_workers} must be 0 (load in the main process) or more.")
         if eval_batch_size is not None and eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size={eval_batch_size} must be positive, or None for the training share.")
+            raise OptionError(f"eval_batch_size={eval_batch_size} must be positive, or None for the training share.")
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.cache_dir = resolve_cache_dir(cache_dir, app_folder)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from kpca.attention.errors import OptionError
+
 
 def _umask() -> int:
     """The process's umask (reading it means setting it, so it is set straight back)."""
@@ -74,7 +76,7 @@ def write_tree_atomic(root: Path, marker: str, write: Callable[[Path], None], wh
     if (root / marker).is_file():
         return False
     if root.exists():
-        raise ValueError(f"{root} exists but is not a complete {what} (no {marker}); delete it or move it.")
+        raise OptionError(f"{root} exists but is not a complete {what} (no {marker}); delete it or move it.")
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:

@@ -34,6 +34,7 @@ from torch.utils.data import Dataset, Sampler, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
 
+from kpca.attention.errors import OptionError
 from kpca.training.rng_state import rng_states, set_rng_states
 
 
@@ -116,7 +117,7 @@ class ResumableLoader(StatefulDataLoader):
             warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
             super().__init__(*args, **kwargs)
         if self.generator is None:
-            raise ValueError("ResumableLoader needs its own generator=torch.Generator (see loader_generators).")
+            raise OptionError("ResumableLoader needs its own generator=torch.Generator (see loader_generators).")
         self.batches_per_epoch = batches_per_epoch
         self._generators_to_load: list[torch.Tensor] | None = None
 
@@ -153,7 +154,7 @@ class ResumableLoader(StatefulDataLoader):
             ValueError: If ``state_dict`` is not a :meth:`state_dict` of this class (another loader saved it).
         """
         if state_dict.keys() != {"ranks"}:
-            raise ValueError(
+            raise OptionError(
                 f"this training loader state has the keys {sorted(state_dict)}, not a ResumableLoader's ['ranks']; "
                 "the checkpoint was written by another loader: resume from an end-of-epoch checkpoint or afresh"
             )
@@ -205,7 +206,7 @@ class ResumableLoader(StatefulDataLoader):
     def _set_generators(self, states: list[torch.Tensor]) -> None:
         generators = self._generators()
         if len(states) != len(generators):
-            raise ValueError(
+            raise OptionError(
                 f"the checkpoint's training loader had {len(states)} generators, this one has {len(generators)}: "
                 "it was saved with another sampler (a shuffled loader against a DistributedSampler's)"
             )
@@ -235,7 +236,7 @@ def resumable_loader(
     wrapped = WorkerRNGDataset(dataset)
     if shuffle:
         if sampler is not None:
-            raise ValueError("shuffle=True and a sampler exclude each other: the sampler decides the order")
+            raise OptionError("shuffle=True and a sampler exclude each other: the sampler decides the order")
         sampler = RandomSampler(wrapped, generator=order)
     return ResumableLoader(
         wrapped, sampler=sampler, generator=workers, batches_per_epoch=batches_per_epoch, **loader_args

@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kpca.attention.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 60.0
@@ -44,8 +46,10 @@ _HELD_TOKENS: set[str] = set()
 """Tokens of the locks this process holds: such a lock is never stale to this process."""
 
 
-class RunFolderLockedError(RuntimeError):
+class RunFolderLockedError(UserError, RuntimeError):
     """Another process holds the lock of a run folder; the message names it and the ways out."""
+
+    exit_status = 4
 
 
 def slurm_job_id() -> str | None:

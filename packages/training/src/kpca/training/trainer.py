@@ -15,6 +15,7 @@ from typing import Literal
 import lightning.pytorch as pl
 import torch
 
+from kpca.attention.errors import OptionError
 from kpca.training.analysis import analyze_network, network_inputs, write_analysis
 from kpca.training.checkpointing.weights import load_checkpoint_weights
 from kpca.training.data_checks.check_data import DataCheckResult, run_data_check
@@ -82,9 +83,9 @@ class ProjectTrainer(pl.Trainer):
             The Markdown report's path.
         """
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise ValueError(f"--samples must be a positive int, got {samples!r}")
+            raise OptionError(f"--samples must be a positive int, got {samples!r}")
         if datamodule is None:
-            raise ValueError("analyze needs a datamodule (the app's data: section) to draw its inputs from")
+            raise OptionError("analyze needs a datamodule (the app's data: section) to draw its inputs from")
         if ckpt_path is not None:
             step = load_checkpoint_weights(model, ckpt_path)
             logger.info("analyze: weights of %s (step %s)", ckpt_path, step)
@@ -115,7 +116,7 @@ def first_inputs(datamodule: pl.LightningDataModule, split: str, samples: int) -
         if have >= samples:
             break
     if not chunks:
-        raise ValueError(f"the {split} dataloader is empty; nothing to analyse")
+        raise OptionError(f"the {split} dataloader is empty; nothing to analyse")
     return torch.cat(chunks)[:samples]
 
 

@@ -57,6 +57,8 @@ from timm.data import auto_augment as timm_aa
 from timm.data.transforms import _pil_interpolation_to_str, str_to_pil_interp
 from torch import Tensor
 
+from kpca.attention.errors import OptionError
+
 PixelOp = Callable[[Tensor, Tensor], Tensor]  # (N, C, H, W) uint8, (N,) float64 argument -> (N, C, H, W) uint8
 MatrixOp = Callable[[Tensor, int, int], Tensor]  # (N,) float64 argument, H, W -> (N, 6) float64 Pillow coefficients
 Level = Callable[[Tensor, Tensor, dict], Tensor]  # (...) magnitude, (...) negate, hparams -> (...) float64 argument
@@ -546,7 +548,7 @@ class BatchRandAugment:
         policy = timm_aa.rand_augment_transform(config_str, dict(hparams))
         unsupported = sorted({op.name for op in policy.ops} - OP_KINDS.keys())
         if unsupported:
-            raise ValueError(f"BatchRandAugment has no batched {unsupported} (config {config_str!r}).")
+            raise OptionError(f"BatchRandAugment has no batched {unsupported} (config {config_str!r}).")
         self.names = tuple(op.name for op in policy.ops)
         self.num_layers = policy.num_layers
         self.choice_weights = None if policy.choice_weights is None else torch.as_tensor(policy.choice_weights)
@@ -562,7 +564,7 @@ class BatchRandAugment:
         resample = resample if isinstance(resample, (list, tuple)) else (resample,)
         self.resamples = tuple(_pil_interpolation_to_str[r] for r in resample)
         if not set(self.resamples) <= {"nearest", "bilinear", "bicubic"}:
-            raise ValueError(f"BatchRandAugment resamples with nearest, bilinear or bicubic, not {self.resamples}.")
+            raise OptionError(f"BatchRandAugment resamples with nearest, bilinear or bicubic, not {self.resamples}.")
 
     def __repr__(self) -> str:
         """The policy in timm's terms."""
@@ -663,4 +665,4 @@ def _check_images(images: Tensor) -> None:
     if images.dtype != torch.uint8:
         raise TypeError(f"BatchRandAugment expects uint8 images, got {images.dtype}.")
     if images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(f"BatchRandAugment expects (B, 3, H, W) RGB images, got {tuple(images.shape)}.")
+        raise OptionError(f"BatchRandAugment expects (B, 3, H, W) RGB images, got {tuple(images.shape)}.")

@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.utils.data import DistributedSampler
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
+from kpca.attention.errors import OptionError
 from kpca.vision_cls.input.dali_rand_augment import RandAugmentConfig, parse_rand_augment
 
 DALI_INSTALL = "pip install 'kpca-vision-cls[dali]'"
@@ -153,7 +154,7 @@ class DaliTrainLoader:
         seed: int = 0,
     ) -> None:
         if len(sampler) < batch_size:
-            raise ValueError(
+            raise OptionError(
                 f"The DALI training loader has {len(sampler)} images on this rank for a per-device batch of "
                 f"{batch_size}, so not one full batch; lower data.batch_size or add training images."
             )

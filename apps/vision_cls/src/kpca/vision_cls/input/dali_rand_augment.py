@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from kpca.attention.errors import OptionError
+
 LEVEL_DENOM = 10.0  # timm's _LEVEL_DENOM: magnitude m maps to the fraction m / 10 of each op's range
 TRANSLATE_PCT = 0.45  # timm's default translate_pct of TranslateXRel / TranslateYRel
 BINS_PER_LEVEL = 100  # magnitude resolution of the tables: 0.01 of timm's magnitude unit
@@ -68,7 +70,7 @@ def parse_rand_augment(config: str) -> RandAugmentConfig:
     """
     sections = config.split("-")
     if sections[0] != "rand":
-        raise ValueError(
+        raise OptionError(
             f"auto_augment={config!r}: the DALI path mirrors timm's RandAugment ('rand-...', e.g. DeiT's "
             "'rand-m9-mstd0.5-inc1') only; use data.input=turbo (the default) or data.input=timm for other policies."
         )
@@ -76,7 +78,7 @@ def parse_rand_augment(config: str) -> RandAugmentConfig:
     for section in sections[1:]:
         key, value = (re.split(r"(\d.*)", section) + [""])[:2]
         if key not in _SECTIONS or not value:
-            raise ValueError(
+            raise OptionError(
                 f"auto_augment={config!r}: section {section!r} has no DALI mirror; timm's RandAugment sections "
                 "m, n, mstd, mmax, inc and p are (e.g. 'rand-m9-mstd0.5-inc1'), op sets 't...' are not."
             )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice, choices
 from kpca.vision_cls.input.dali_rand_augment import parse_rand_augment
 
@@ -101,25 +102,25 @@ def check_input_options(
     if input != "dali":
         return
     if builtin is not None:
-        raise ValueError(
+        raise OptionError(
             f"data.input=dali reads an ImageFolder root (root/train/<class>/*.JPEG), not builtin={builtin!r}; set "
             f"data.root, or use {WORKER_PATHS} for the built-in digits."
         )
     if auto_augment:
         parse_rand_augment(auto_augment)
     elif color_jitter:
-        raise ValueError(
+        raise OptionError(
             f"data.color_jitter={color_jitter} with auto_augment=None: the DALI path has no mirror of timm's "
             f"ColorJitter; set data.color_jitter=0 or use {WORKER_PATHS}."
         )
     if augment_on != "device":
-        raise ValueError(
+        raise OptionError(
             f"data.augment_on={augment_on} keeps float conversion and random erasing in the DataLoader workers, "
             f"which the DALI path does not have (it always finishes on the device); set data.augment_on=device or "
             f"use {WORKER_PATHS}."
         )
     if bad_files == "skip":
-        raise ValueError(
+        raise OptionError(
             "data.bad_files=skip needs DataLoader workers: DALI decodes inside its own pipeline, where a damaged file "
             f"cannot be replaced; run `vision-cls check-data` first and keep bad_files=error, or use {WORKER_PATHS}."
         )
@@ -133,13 +134,13 @@ def _described(descriptions: dict[str, str]) -> str:
 def check_device_randaugment(input: str, auto_augment: str | None) -> None:
     """Refuse ``augment_on=device_randaugment`` where there is no worker RandAugment to move to the device."""
     if input == "dali":
-        raise ValueError(
+        raise OptionError(
             "data.augment_on=device_randaugment moves RandAugment out of the DataLoader workers, and data.input=dali "
             "has none: DALI runs RandAugment in its own pipeline, on the GPU. Set data.augment_on=device, or use "
             f"{WORKER_PATHS}."
         )
     if not auto_augment or not auto_augment.startswith("rand"):
-        raise ValueError(
+        raise OptionError(
             f"data.augment_on=device_randaugment runs timm's RandAugment (a 'rand-...' policy such as DeiT's "
             f"'rand-m9-mstd0.5-inc1') on the device, but data.auto_augment={auto_augment!r}; set such a policy, or "
             "data.augment_on=device."

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from kpca.attention.errors import OptionError
+
 Matrix = tuple[float, float, float, float, float, float]  # Pillow's affine coefficients a0..a5
 
 
@@ -112,7 +114,7 @@ def affine_bicubic(image: np.ndarray, matrix: Sequence[float], fill: Sequence[in
     """
     _check_rgb(image, "affine_bicubic")
     if len(fill) != 3 or len(matrix) != 6:
-        raise ValueError(f"affine_bicubic needs 6 coefficients and an (r, g, b) fill; got {matrix} and {fill}.")
+        raise OptionError(f"affine_bicubic needs 6 coefficients and an (r, g, b) fill; got {matrix} and {fill}.")
     height, width, _ = image.shape
     source = image.reshape(-1).astype(np.float64)  # (H * W * 3,)
     out = np.empty(source.shape, dtype=np.uint8)  # (H * W * 3,)
@@ -181,7 +183,7 @@ def _blend(degenerate, image, alpha, out):  # pragma: no cover - compiled
 def _check_rgb(image: np.ndarray, function: str) -> None:
     """ValueError unless ``image`` is (H, W, 3) uint8."""
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"{function} needs (H, W, 3) uint8 RGB pixels; got {image.dtype} {image.shape}.")
+        raise OptionError(f"{function} needs (H, W, 3) uint8 RGB pixels; got {image.dtype} {image.shape}.")
 
 
 def smooth(image: np.ndarray) -> np.ndarray:
@@ -198,7 +200,7 @@ def blend(degenerate: np.ndarray, image: np.ndarray, alpha: float) -> np.ndarray
     """``Image.blend(degenerate, image, alpha)`` on two (H, W, 3) uint8 RGB arrays, bit-identical: (H, W, 3) uint8."""
     _check_rgb(image, "blend")
     if degenerate.shape != image.shape or degenerate.dtype != np.uint8:
-        raise ValueError(
+        raise OptionError(
             f"blend needs two arrays of one shape; got {degenerate.dtype} {degenerate.shape} and {image.shape}."
         )
     out = np.empty(image.size, dtype=np.uint8)  # (N,)

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
+from kpca.attention.errors import OptionError
+
 
 class RepeatAugSampler(DistributedSampler):
     """DeiT's repeated-augmentation sampler, DDP-aware, with a seed.
@@ -54,7 +56,7 @@ class RepeatAugSampler(DistributedSampler):
         if rank is None:
             rank = dist.get_rank() if initialised else 0
         if num_repeats < 1:
-            raise ValueError(f"num_repeats={num_repeats} must be at least 1 (1 means no repetition).")
+            raise OptionError(f"num_repeats={num_repeats} must be at least 1 (1 means no repetition).")
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
         self.num_repeats = num_repeats
         n = len(dataset)

@@ -38,6 +38,7 @@ from torch import Tensor
 from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
+from kpca.attention.errors import OptionError
 from kpca.vision_cls.input.compiled_rand_augment import with_compiled_ops
 
 # Pillow's filter for each mode timm may pick, as torch names it: "nearest-exact" samples pixel centres as PIL does.
@@ -97,7 +98,7 @@ class TensorRandomResizedCrop:
         modes = crop.interpolation if isinstance(crop.interpolation, (tuple, list)) else (crop.interpolation,)
         unsupported = [interp_mode_to_str(mode) for mode in modes if mode not in TORCH_INTERPOLATION]
         if unsupported:
-            raise ValueError(
+            raise OptionError(
                 f"interpolation {unsupported} has no torch resize on the turbo path; use one of bicubic, bilinear, "
                 "nearest, or set data.input=timm for timm's PIL transform."
             )

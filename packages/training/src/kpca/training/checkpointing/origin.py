@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.resume import checkpoint_problem
 
 ORIGIN_KEY = "kpca"
@@ -115,7 +116,7 @@ def check_origin(path: str | Path, app: str | None, subcommand: str) -> None:
     if app is None or writer is None or writer == app:
         return
     theirs, ours = app_command(writer), app_command(app)
-    raise ValueError(
+    raise OptionError(
         f"ckpt_path={str(path)!r} is a checkpoint of the {writer} app ({theirs}), not of {app}: `{ours} {subcommand}` "
         f"cannot load it. Run `{theirs} {subcommand} -c <the configs it was trained with> --ckpt_path {path}`, or pass "
         f"a checkpoint written by {ours}."

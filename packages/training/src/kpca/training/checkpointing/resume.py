@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from kpca.attention.errors import OptionError
+
 logger = logging.getLogger(__name__)
 
 RUN_FOLDER_KEY = "kpca_run_folder"
@@ -50,7 +52,7 @@ def check_checkpoint(path: str | Path) -> None:
     """Raise ValueError naming ``path``, what is wrong with it and what to do, unless it is a complete checkpoint."""
     problem = checkpoint_problem(path)
     if problem is not None:
-        raise ValueError(
+        raise OptionError(
             f"ckpt_path={str(path)!r} cannot be resumed from: {problem}. A node that died while copying it "
             "leaves such a file. Pass another checkpoint, or --ckpt_path auto to resume from the newest readable "
             "checkpoint of this experiment (damaged ones are skipped); move the damaged file away to keep it."

@@ -12,6 +12,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
+from kpca.attention.errors import MissingPathError, OptionError
+
 _PREFIXES = ("net.", "module.", "vit.", "model.")
 # The one class unpickled beyond tensors and containers: DeiT's and the RPC authors' training checkpoints store their
 # command line as ``"args": argparse.Namespace`` (rachtsy/KPCA_code Robust/main_train.py; facebookresearch/deit
@@ -32,13 +34,13 @@ def load_checkpoint_file(path: str | Path) -> object:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"init_from={str(path)!r} is not a file; pass a checkpoint path")
+        raise MissingPathError(f"init_from={str(path)!r} is not a file; pass a checkpoint path")
     with torch.serialization.safe_globals(list(_SAFE_CLASSES)):
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as error:
             classes = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-            raise ValueError(
+            raise OptionError(
                 f"init_from={str(path)!r} holds pickled classes {classes or '(see below)'} that are not loaded (only "
                 "tensors, containers and argparse.Namespace are: unpickling other classes can run code). If you trust "
                 "the file, save its model weights alone, e.g. torch.save(torch.load(path, weights_only=False)"

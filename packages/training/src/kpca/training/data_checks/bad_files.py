@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
+from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
 from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.training.resumable import training_dataset
@@ -48,7 +49,7 @@ def check_bad_files_options(bad_files: str, max_bad_fraction: float) -> None:
         "'error' stops at the first damaged file, naming it; 'skip' trains without it, logging and counting it",
     )
     if not 0.0 <= max_bad_fraction <= 1.0:
-        raise ValueError(
+        raise OptionError(
             f"data.max_bad_fraction={max_bad_fraction} must be a fraction in [0, 1] of the training set that "
             "data.bad_files=skip may skip before the run stops (default 0.001)."
         )
@@ -88,7 +89,7 @@ class NamedFileErrors(Dataset):
     ) -> None:
         check_bad_files_options(mode, max_bad_fraction)
         if evaluation and mode != "error":
-            raise ValueError(f"{split} is an evaluation set, which never skips files; got mode={mode!r}.")
+            raise OptionError(f"{split} is an evaluation set, which never skips files; got mode={mode!r}.")
         self.dataset = dataset
         self.path_of = path_of
         self.split = split

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader, Dataset
 
+from kpca.attention.errors import OptionError
 from kpca.training.data_checks.problems import DataProblem
 
 T = TypeVar("T")
@@ -116,7 +117,9 @@ def run_data_check(datamodule: Any, workers: int | None = None, progress: bool =
         )
     if workers is not None:
         if workers < 0:
-            raise ValueError(f"--workers={workers} must be 0 (check in this process) or more; unset: data.num_workers.")
+            raise OptionError(
+                f"--workers={workers} must be 0 (check in this process) or more; unset: data.num_workers."
+            )
         datamodule.num_workers = workers
     start = time.perf_counter()
     files, problems = check(progress=progress)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kpca.attention.errors import UserError
+
 
 @dataclass(frozen=True)
 class DataProblem:
@@ -32,12 +34,14 @@ class DataProblem:
         return f"{self.path} ({self.split}): {self.problem}. {self.fix}"
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Data that cannot be used, with the problems that make it so (each names its file and the fix).
 
     Also built from its message alone (``problems`` then empty): that is how PyTorch re-raises an exception from a
     DataLoader worker in the main process, so a worker's DataError reaches the user as a DataError.
     """
+
+    exit_status = 3
 
     def __init__(self, problems: Sequence[DataProblem] | DataProblem | str) -> None:
         if isinstance(problems, str):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from unittest import mock
 
+from kpca.attention.errors import OptionError
 from kpca.training.experiment.plan import Plan, PlanError, PlannedRun, load_plan, step_argv, step_folder
 from kpca.training.experiment.steps import StepError, execute_step, fit_checkpoint
 
@@ -47,7 +48,7 @@ QUIET_WHILE_PARSING = ("kpca", "lightning.pytorch", "lightning.fabric")
 """Loggers whose INFO lines (auto resume, the seed) validation hides."""
 
 
-class ValidationError(ValueError):
+class ValidationError(OptionError):
     """A step's arguments that the app's parser refuses: names the plan, run, step and the parser's message."""
 
 

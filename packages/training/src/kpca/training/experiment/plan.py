@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from kpca.attention.errors import OptionError
+
 APPS = ("vision_cls", "language_model", "segmentation")
 """The apps a plan can run: its steps are ``python -m kpca.<app> ...``."""
 STEP_NAMES = ("fit", "validate", "test", "analyze", "predict")
@@ -35,7 +37,7 @@ REPORT_JOB = "report"
 """The ``slurm`` key of the report job's resources (beside the step names)."""
 
 
-class PlanError(ValueError):
+class PlanError(OptionError):
     """A plan file that cannot run: the message names the file, the key and the fix."""
 
 

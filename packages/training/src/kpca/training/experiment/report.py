@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kpca.attention.errors import OptionError
 from kpca.training.analysis import analysis_markdown, read_analysis, write_analysis
 from kpca.training.experiment.plan import Plan, PlanError, PlannedRun, step_folder
 from kpca.training.experiment.status import status_markdown, step_states
@@ -279,7 +280,7 @@ def read_samples(path: Path) -> list[str]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {number}: not JSON ({error}); rerun the predict step") from error
+            raise OptionError(f"{path}, line {number}: not JSON ({error}); rerun the predict step") from error
         if isinstance(row, dict) and isinstance(row.get("text"), str):
             texts.append(row["text"])
     return texts

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kpca.attention.errors import UserError
 from kpca.training.experiment.plan import REPORT_JOB, Plan, PlanError, PlannedRun, exec_command
 from kpca.training.experiment.steps import marker
 from kpca.training.files import write_atomic
@@ -82,8 +83,10 @@ NEVER_SATISFIED = "DependencyNeverSatisfied"
 """squeue's reason for a job whose dependency failed (e.g. a test whose fit failed): it would wait forever."""
 
 
-class SlurmError(RuntimeError):
+class SlurmError(UserError, RuntimeError):
     """sbatch or squeue failed, or the executor's record cannot be read: the message names the command or file."""
+
+    exit_status = 4
 
 
 @dataclass(frozen=True)

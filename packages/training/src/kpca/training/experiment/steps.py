@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 
+from kpca.attention.errors import UserError
 from kpca.training.experiment.plan import Plan, PlannedRun, step_argv, step_folder
 from kpca.training.files import write_atomic
 
@@ -46,7 +47,7 @@ ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 every process of the foreground group, the app included, and a second one would cut its shutdown short."""
 
 
-class StepError(RuntimeError):
+class StepError(UserError, RuntimeError):
     """A step that cannot start (e.g. its checkpoint's fit is not done): the message names the file and the fix."""
 
 

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 from imagecorruptions import corrupt, corruption_dict, get_corruption_names
 
+from kpca.attention.errors import OptionError
+
 IMAGENET_C_GROUPS: dict[str, tuple[str, ...]] = {
     "noise": ("gaussian_noise", "shot_noise", "impulse_noise"),
     "blur": ("defocus_blur", "glass_blur", "motion_blur", "zoom_blur"),
@@ -24,10 +26,10 @@ def check_corruptions(corruptions: Sequence[str], severities: Sequence[int]) -> 
     known = get_corruption_names("all")
     unknown = [c for c in corruptions if c not in known]
     if unknown:
-        raise ValueError(f"Unknown corruption(s) {unknown}; choose from {known}.")
+        raise OptionError(f"Unknown corruption(s) {unknown}; choose from {known}.")
     bad = [s for s in severities if s not in IMAGENET_C_SEVERITIES]
     if bad:
-        raise ValueError(f"Severities {bad} are invalid; severities must be integers in 1-5.")
+        raise OptionError(f"Severities {bad} are invalid; severities must be integers in 1-5.")
 
 
 def corrupt_seeded(image: np.ndarray, corruption: str, severity: int, seed: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from kpca.attention.errors import OptionError
 from kpca.training.results.protocol import EvaluationProtocol
 from kpca.training.results.schema import REPORT_ENTRY_POINTS, ReportSchema
 from kpca.training.run_config import config_value, without_keys
@@ -108,7 +109,7 @@ def report_schema(task: str) -> ReportSchema:
     """
     entries = {entry.name: entry for entry in entry_points(group=REPORT_ENTRY_POINTS)}
     if task not in entries:
-        raise ValueError(
+        raise OptionError(
             f"--task must be one of the installed report tasks {sorted(entries)}, got {task!r}; an app offers its "
             f"task through the {REPORT_ENTRY_POINTS!r} entry points of its pyproject.toml: install it (e.g. "
             "pip install -e apps/vision_cls) or, after editing those entry points, reinstall it"

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from kpca.attention.errors import OptionError
 from kpca.training.files import write_atomic
 from kpca.training.results.collect import collect_runs, group_runs, installed_tasks, report_schema
 from kpca.training.results.references import read_references
@@ -78,7 +79,7 @@ def compare(
         keep = {Path(folder).resolve() for folder in only}
         runs = [run for run in runs if run.folder.resolve() in keep]
     if not runs:
-        raise ValueError(f"no run under {root}: expected folders with a LightningCLI config.yaml (e.g. runs/)")
+        raise OptionError(f"no run under {root}: expected folders with a LightningCLI config.yaml (e.g. runs/)")
     models, incomplete = group_runs(runs)
     columns = shown_columns(models, schema)
     out = Path(out_dir) if out_dir is not None else Path(root)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from kpca.attention.errors import OptionError
 from kpca.training.files import write_atomic
 
 logger = logging.getLogger(__name__)
@@ -156,14 +157,14 @@ class ProtocolRule:
 
     def __post_init__(self) -> None:
         if not self.group:
-            raise ValueError("ProtocolRule group is empty; name the column group, e.g. 'clean'")
+            raise OptionError("ProtocolRule group is empty; name the column group, e.g. 'clean'")
         try:
             re.compile(self.columns)
         except re.error as error:
             message = f"ProtocolRule {self.group!r}: columns {self.columns!r} is not a regular expression: {error}"
-            raise ValueError(message) from None
+            raise OptionError(message) from None
         if self.complete_when is not None and not self.incomplete:
-            raise ValueError(
+            raise OptionError(
                 f"ProtocolRule {self.group!r} sets complete_when={self.complete_when!r}; also say in incomplete what "
                 "differs when that metric is missing"
             )

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kpca.attention.errors import OptionError
 from kpca.training.results.schema import ReportSchema
 
 REFERENCE_COLUMNS = ("model", "source", "protocol")
@@ -50,9 +51,11 @@ def _number(text: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{where} is {text!r}, not a number; write a plain number (0.721) or leave it empty") from None
+        raise OptionError(
+            f"{where} is {text!r}, not a number; write a plain number (0.721) or leave it empty"
+        ) from None
     if not math.isfinite(value):
-        raise ValueError(f"{where} is {text!r}; write a finite number or leave it empty")
+        raise OptionError(f"{where} is {text!r}; write a finite number or leave it empty")
     return value
 
 
@@ -71,7 +74,7 @@ def read_reference_file(path: str | Path, schema: ReportSchema) -> list[Referenc
         rows = list(reader)
     missing = [column for column in REFERENCE_COLUMNS if column not in fields]
     if missing:
-        raise ValueError(
+        raise OptionError(
             f"reference file {path} has no column {', '.join(missing)}; a reference file has the columns "
             f"{', '.join(REFERENCE_COLUMNS)} (source: the citation or URL of the numbers) and metric columns named "
             "as the report's"
@@ -79,17 +82,17 @@ def read_reference_file(path: str | Path, schema: ReportSchema) -> list[Referenc
     metric_columns = [column for column in fields if column not in REFERENCE_COLUMNS]
     unknown = [column for column in metric_columns if not _is_metric(column.removesuffix("_std"), schema)]
     if unknown:
-        raise ValueError(
+        raise OptionError(
             f"reference file {path}: unknown metric column(s) {unknown}; the {schema.stem} report's metric columns "
             f"are {', '.join(schema.columns)} (regular expressions), each optionally with a _std column"
         )
     if not rows:
-        raise ValueError(f"reference file {path} has a header but no rows; add one row per published model")
+        raise OptionError(f"reference file {path} has a header but no rows; add one row per published model")
     references = []
     for line, row in enumerate(rows, start=2):
         for column in REFERENCE_COLUMNS:
             if not (row.get(column) or "").strip():
-                raise ValueError(
+                raise OptionError(
                     f"reference file {path} line {line}: the {column} is empty; every reference row names its model, "
                     "its source (the citation or URL of the numbers) and its protocol (e.g. published)"
                 )

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kpca.attention.errors import OptionError
 from kpca.training.results.protocol import EvaluationProtocol, ProtocolRules, protocol_of
 from kpca.training.results.tables import REPORT_NAME
 
@@ -49,12 +50,12 @@ class ReportSchema:
 
     def __post_init__(self) -> None:
         if not isinstance(self.stem, str) or not REPORT_NAME.fullmatch(self.stem):
-            raise ValueError(f"ReportSchema stem must be a plain file stem like 'robustness', got {self.stem!r}")
+            raise OptionError(f"ReportSchema stem must be a plain file stem like 'robustness', got {self.stem!r}")
         for pattern in self.columns:
             try:
                 re.compile(pattern)
             except re.error as error:
-                raise ValueError(f"ReportSchema pattern {pattern!r} is not a regular expression: {error}") from error
+                raise OptionError(f"ReportSchema pattern {pattern!r} is not a regular expression: {error}") from error
 
     def protocol_of(self, config: Mapping, metrics: Iterable[str] | None = None) -> dict[str, EvaluationProtocol]:
         """The protocol of each column group of a run with this saved ``config.yaml`` (:func:`protocol_of`).

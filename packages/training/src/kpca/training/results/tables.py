@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from kpca.attention.errors import OptionError
 from kpca.training.files import write_atomic
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def write_report(
         ``(markdown_path, csv_path)``.
     """
     if not isinstance(name, str) or not REPORT_NAME.fullmatch(name):
-        raise ValueError(f"report name must be a plain file stem like 'imagenet_c', got {name!r}")
+        raise OptionError(f"report name must be a plain file stem like 'imagenet_c', got {name!r}")
     columns = _columns(rows)
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,7 @@ def write_report(
 def _columns(rows: Sequence[Mapping[str, object]]) -> list[str]:
     """The keys of ``rows`` in first-seen order; ValueError / TypeError on no rows or a non-mapping row."""
     if not rows:
-        raise ValueError("rows is empty; pass at least one row (a dict of column -> value)")
+        raise OptionError("rows is empty; pass at least one row (a dict of column -> value)")
     columns: list[str] = []
     for row in rows:
         if not isinstance(row, Mapping):

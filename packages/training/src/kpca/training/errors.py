@@ -1,0 +1,100 @@
+"""How every command ends on a user's mistake: ``error: <message>`` on stderr and a status that tells its kind.
+
+The error types are :mod:`kpca.attention.errors`' (:class:`UserError` and its kinds), re-exported here with the
+environment's: the project's own checks raise them with the value and the fix in the message. :func:`run_command`
+runs a console script's main function and turns such an error, and an operating-system error about the disk (a
+read-only or full file system, a folder without permission), into one line without a traceback:
+
+- exit status 2: an option, a config file, a checkpoint that cannot take the options given, a plan;
+- 3: the data (a missing folder, a damaged file);
+- 4: the machine or the disk (no GPU for a GPU trainer file, a read-only or full disk, a run folder another
+  command holds).
+
+Anything else is a bug and keeps Python's traceback (exit status 1). Set ``KPCA_TRACEBACK=1`` to get the traceback of
+a user error too (for a bug report).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from kpca.attention.errors import MissingPathError, OptionError, UserError
+
+__all__ = [
+    "EnvironmentProblem",
+    "MissingPathError",
+    "OptionError",
+    "TRACEBACK_ENV_VAR",
+    "UserError",
+    "error_line",
+    "run_command",
+]
+
+TRACEBACK_ENV_VAR = "KPCA_TRACEBACK"
+"""Set to 1 to see the traceback of a user error as well as its message."""
+
+DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
+"""Operating-system errors about where a run writes: the disk, not the project's code."""
+
+_WORKER_TRACEBACK = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.\nOriginal Traceback")
+
+
+class EnvironmentProblem(UserError, RuntimeError):
+    """The machine cannot run what was asked (no GPU for a GPU trainer file, an unwritable run folder)."""
+
+    exit_status = 4
+
+
+def user_message(error: BaseException) -> str:
+    """The message of a user error, without the traceback a DataLoader worker's re-raise puts in front of it."""
+    message = str(error)
+    if _WORKER_TRACEBACK.match(message):
+        # "...\n<module>.<Class>: <message, maybe on several lines>": the text after the last such header
+        headers = list(re.finditer(rf"^(?:[\w.]+\.)?{re.escape(type(error).__name__)}: ", message, re.M))
+        if headers:
+            message = message[headers[-1].end() :]
+    return message.strip()
+
+
+def disk_message(error: OSError) -> str:
+    """An operating-system error about the disk as a sentence with the file and the fix."""
+    where = f" {error.filename}" if error.filename else ""
+    return (
+        f"cannot write{where}: {error.strerror or error}. Free space or choose a writable folder for the run: "
+        "--trainer.logger.init_args.save_dir=<folder> (and --trainer.default_root_dir=<folder>)."
+    )
+
+
+def error_line(error: BaseException) -> tuple[str, int] | None:
+    """``(message, exit status)`` for an error the user can fix; None for any other (a bug: keep its traceback)."""
+    if isinstance(error, UserError):
+        return user_message(error), error.exit_status
+    if isinstance(error, OSError) and error.errno in DISK_ERRNOS:
+        return disk_message(error), EnvironmentProblem.exit_status
+    return None
+
+
+def run_command(main: Callable[[], Any]) -> None:
+    """Run a console script's ``main``; end on a user error with ``error: <message>`` and its exit status.
+
+    Any other exception propagates (a bug keeps its traceback); so does a user error when ``KPCA_TRACEBACK=1``.
+
+    Args:
+        main: the command's main function (it parses ``sys.argv`` itself).
+    """
+    try:
+        main()
+    except Exception as error:
+        found = error_line(error)
+        if found is None or os.environ.get(TRACEBACK_ENV_VAR, "") not in ("", "0"):
+            raise
+        message, status = found
+        logging.shutdown()
+        sys.stderr.write(f"error: {message}\n")
+        sys.exit(status)
