@@ -27,7 +27,7 @@ from typing import Any
 from kpca.attention.errors import MissingPathError, OptionError, UserError
 
 __all__ = [
-    "EnvironmentProblem",
+    "MachineError",
     "MissingPathError",
     "OptionError",
     "TRACEBACK_ENV_VAR",
@@ -45,7 +45,7 @@ DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUO
 _WORKER_TRACEBACK = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.\nOriginal Traceback")
 
 
-class EnvironmentProblem(UserError, RuntimeError):
+class MachineError(UserError, RuntimeError):
     """The machine cannot run what was asked (no GPU for a GPU trainer file, an unwritable run folder)."""
 
     exit_status = 4
@@ -76,7 +76,7 @@ def error_line(error: BaseException) -> tuple[str, int] | None:
     if isinstance(error, UserError):
         return user_message(error), error.exit_status
     if isinstance(error, OSError) and error.errno in DISK_ERRNOS:
-        return disk_message(error), EnvironmentProblem.exit_status
+        return disk_message(error), MachineError.exit_status
     return None
 
 
