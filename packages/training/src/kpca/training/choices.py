@@ -50,7 +50,7 @@ def _same(value: object, choice: object) -> bool:
 
 
 def check_choice(name: str, value: object, choice_type: object, fix: str = "") -> None:
-    """Raise OptionError (a ValueError) naming the option, the value and the allowed values unless ``value`` is one of them.
+    """Raise OptionError (a ValueError) naming the option, the value and the allowed values, unless ``value`` is one.
 
     Args:
         name: the option as the user writes it, e.g. ``"data.bad_files"``.
