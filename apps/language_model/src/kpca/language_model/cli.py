@@ -8,6 +8,7 @@ from kpca.language_model.callbacks import SampleText, TextPredictionWriter
 from kpca.language_model.data import WikiTextDataModule
 from kpca.language_model.module import LanguageModelModule
 from kpca.training.cli import ProjectCLI, batch_size, batch_tokens
+from kpca.training.errors import run_command
 
 
 class LanguageModelCLI(ProjectCLI):
@@ -37,8 +38,8 @@ def main(args: ArgsType = None) -> LanguageModelCLI:
 
 
 def console_main() -> None:
-    """Entry point of the ``language-model`` console script (console scripts exit with the return value)."""
-    main()
+    """Entry point of the ``language-model`` console script; a user error ends it with one ``error:`` line."""
+    run_command(main)
 
 
 if __name__ == "__main__":

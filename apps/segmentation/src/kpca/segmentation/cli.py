@@ -9,6 +9,7 @@ from kpca.segmentation.data import ADE20KDataModule
 from kpca.segmentation.eval_data import REPLACED_OPTIONS
 from kpca.segmentation.module import SegmentationModule
 from kpca.training.cli import ProjectCLI
+from kpca.training.errors import run_command
 
 
 class SegmentationCLI(ProjectCLI):
@@ -37,8 +38,8 @@ def main(args: ArgsType = None) -> SegmentationCLI:
 
 
 def console_main() -> None:
-    """Entry point of the ``segmentation`` console script (console scripts exit with the return value)."""
-    main()
+    """Entry point of the ``segmentation`` console script; a user error ends it with one ``error:`` line."""
+    run_command(main)
 
 
 if __name__ == "__main__":

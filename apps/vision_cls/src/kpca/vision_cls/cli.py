@@ -10,6 +10,7 @@ from lightning.pytorch.cli import ArgsType
 
 from kpca.training.checkpointing.weights import load_checkpoint_weights
 from kpca.training.cli import ProjectCLI
+from kpca.training.errors import run_command
 from kpca.training.trainer import ProjectTrainer
 from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
@@ -82,8 +83,8 @@ def main(args: ArgsType = None) -> VisionCLI:
 
 
 def console_main() -> None:
-    """Entry point of the ``vision-cls`` console script (console scripts exit with the return value)."""
-    main()
+    """Entry point of the ``vision-cls`` console script; a user error ends it with one ``error:`` line."""
+    run_command(main)
 
 
 if __name__ == "__main__":
