@@ -53,7 +53,7 @@ from kpca.training.checkpointing.resume import check_checkpoint, find_resume
 from kpca.training.data_checks.bad_files import BadFilesMonitor
 from kpca.training.files import write_atomic
 from kpca.training.help_text import PlainHelpFormatter
-from kpca.training.replaced_options import parser_with_hints
+from kpca.training.parser import project_parser
 from kpca.training.run_config import without_keys
 from kpca.training.run_lock import RunLock
 from kpca.training.trainer import CHECK_DATA, ProjectTrainer
@@ -144,11 +144,11 @@ class ProjectCLI(LightningCLI):
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """Lightning's parser, the main command's and each subcommand's.
 
-        Its errors give the new spelling of a removed ``data`` option (:attr:`replaced_data_options`); its help is
-        plain text, without the reStructuredText of the docstrings it comes from (:mod:`kpca.training.help_text`).
+        It refuses abbreviated options, its errors give the new spelling of a removed ``data`` option
+        (:attr:`replaced_data_options`), see :mod:`kpca.training.parser`; its help is plain text, without the
+        reStructuredText of the docstrings it comes from (:mod:`kpca.training.help_text`).
         """
-        if self.replaced_data_options:
-            self.parser_class = parser_with_hints(self.replaced_data_options)
+        self.parser_class = project_parser(self.replaced_data_options)
         kwargs.setdefault("formatter_class", PlainHelpFormatter)
         return super().init_parser(**kwargs)
 

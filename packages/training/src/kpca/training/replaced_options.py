@@ -3,16 +3,13 @@
 jsonargparse refuses a removed option on the command line (``unrecognized arguments: --data.eval_subset=16``) and in
 a config file (``Group 'data' does not accept option 'eval_subset'``). An app lists its removed options in
 :attr:`kpca.training.cli.ProjectCLI.replaced_data_options` (option name under ``data`` -> the text that gives its
-new spelling); :func:`parser_with_hints` gives the parser class whose error then adds that text.
+new spelling); the parser of its command (:mod:`kpca.training.parser`) then adds that text to its error.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import NoReturn
-
-from lightning.pytorch.cli import LightningArgumentParser
 
 
 def replaced_option_hint(message: str, replaced: Mapping[str, str]) -> str | None:
@@ -44,17 +41,3 @@ def moved_into_group(group: str, moves: Iterable[tuple[str, str]]) -> dict[str, 
         f"{new}: under {group}: under data: in a config file)."
         for old, new in moves
     }
-
-
-def parser_with_hints(replaced: Mapping[str, str]) -> type[LightningArgumentParser]:
-    """Lightning's parser class whose refusal of a removed ``data`` option also gives what replaced it."""
-
-    class HintingArgumentParser(LightningArgumentParser):
-        """Lightning's parser; an error naming a removed ``data`` option ends with its new spelling."""
-
-        def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-            """Exit (or raise) with ``message``, plus the new spelling if it names a removed ``data`` option."""
-            hint = replaced_option_hint(message, replaced)
-            super().error(f"{message}\n{hint}" if hint else message, ex)
-
-    return HintingArgumentParser
