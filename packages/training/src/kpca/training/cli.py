@@ -50,6 +50,14 @@ from kpca.training.checkpointing.callback import Checkpoint
 from kpca.training.checkpointing.io import remove_leftover_writes
 from kpca.training.checkpointing.origin import app_of, check_origin
 from kpca.training.checkpointing.resume import check_checkpoint, find_resume
+from kpca.training.checkpointing.trained_options import (
+    OptionDifference,
+    check_weights_fit,
+    option_differences,
+    plain,
+    trained_model_options,
+    typed_over_trained,
+)
 from kpca.training.data_checks.bad_files import BadFilesMonitor
 from kpca.training.files import write_atomic
 from kpca.training.help_text import PlainHelpFormatter
@@ -128,6 +136,10 @@ class ProjectCLI(LightningCLI):
     one of them then ends with (:mod:`kpca.training.replaced_options`)."""
     _experiment_lock: Path | None = None
     """The experiment's lock file of ``fit --ckpt_path auto`` (set while resolving it)."""
+    _args: ArgsType = None
+    """The arguments the command was given (None: ``sys.argv``), parsed again for what the user typed."""
+    trained_differences: list[OptionDifference] = []
+    """The model options this run uses that differ from its ``--ckpt_path``'s training (set by parsing)."""
 
     def __init__(self, model_class, datamodule_class, args: ArgsType = None) -> None:
         console_logging()
@@ -198,6 +210,7 @@ class ProjectCLI(LightningCLI):
         checkpoint's hyper-parameters, so that a damaged file gets an error that names it instead of an unpickling
         error, and another app's file one that names that app instead of a parser dump.
         """
+        self._args = args
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand is None:
@@ -211,10 +224,45 @@ class ProjectCLI(LightningCLI):
                 check_checkpoint(ckpt_path)
             check_origin(ckpt_path, app_of(self.model_class), subcommand)
 
+    def _parse_ckpt_path(self) -> None:
+        """Run what the user typed: the checkpoint's model options fill in only the model options not typed.
+
+        LightningCLI replaces the whole ``model`` section by the checkpoint's hyper-parameters, silently dropping model
+        options typed in config files or on the command line. Here the checkpoint's options take the place of the
+        defaults and every typed option stays (:func:`~kpca.training.checkpointing.trained_options.typed_over_trained`);
+        the options that then differ from the training are kept in :attr:`trained_differences` and logged.
+        """
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        trained = trained_model_options(ckpt_path)
+        if not trained:
+            return
+        typed = self._typed_config()[subcommand].get("model")
+        merged = typed_over_trained(trained, plain(typed) if typed is not None else {})
+        self.config = self.parser.parse_object({subcommand: {"model": merged}}, self.config)
+        self.trained_differences = option_differences(trained, plain(self.config[subcommand].model))
+        if self.trained_differences and rank_zero_only.rank == 0:
+            logger.warning(
+                "%s runs with model options that differ from its checkpoint's training (what you typed runs): %s",
+                subcommand,
+                "; ".join(difference.text for difference in self.trained_differences),
+            )
+
+    def _typed_config(self) -> Namespace:
+        """What the user typed (config files and command line), without the parser's defaults."""
+        if isinstance(self._args, (dict, Namespace)):
+            return self.parser.parse_object(self._args, defaults=False, _skip_validation=True)
+        return self.parser.parse_args(self._args, defaults=False, _skip_validation=True)
+
     def instantiate_classes(self) -> None:
         """Build the configured classes; for ``check-data`` the datamodule alone (no model, no trainer)."""
         if self.subcommand != CHECK_DATA:
             super().instantiate_classes()
+            ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
+            if self.trained_differences:
+                check_weights_fit(self.model.state_dict(), ckpt_path, self.trained_differences)
             return
         parser = LightningArgumentParser()
         parser.add_lightning_class_args(self.datamodule_class, "data", subclass_mode=self.subclass_mode_data)

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from kpca.attention.errors import OptionError
+from kpca.training.checkpointing.trained_options import OptionDifference, option_differences, run_differences
 from kpca.training.results.protocol import EvaluationProtocol
 from kpca.training.results.schema import REPORT_ENTRY_POINTS, ReportSchema
 from kpca.training.run_config import config_value, without_keys
@@ -58,6 +59,10 @@ class Run:
     """The evaluation's settings and protocols: runs with other ones are never averaged together."""
     protocols: dict[str, EvaluationProtocol] = field(default_factory=dict)
     """The evaluation's protocol per column group of the report, from its config."""
+    evaluated_model: dict = field(default_factory=dict)
+    """The evaluation's ``model`` section: what ran, which may differ from the training's (``--ckpt_path`` rule)."""
+    not_as_trained: list[OptionDifference] = field(default_factory=list)
+    """The evaluation's model options that differ from the training run's config."""
 
     @property
     def seed(self) -> object:
@@ -249,14 +254,28 @@ def collect_runs(root: str | Path, schema: ReportSchema) -> list[Run]:
             continue
         protocols = schema.protocol_of(config, metrics)
         key = _evaluation_key(config, protocols, schema)
-        if linked is None:
-            standalone.append(Run(folder, config, metrics, folder, report, evaluation_key=key, protocols=protocols))
+        if linked is None:  # its training run is elsewhere: compare with its checkpoint's options, if it is there
+            standalone.append(
+                Run(
+                    folder,
+                    config,
+                    metrics,
+                    folder,
+                    report,
+                    evaluation_key=key,
+                    protocols=protocols,
+                    not_as_trained=run_differences(config),
+                )  # fmt: skip
+            )
         else:
             runs = evaluated.setdefault(linked.folder.resolve(), {})
             runs.pop(key, None)  # the newest evaluation with these settings replaces an older one, and goes last
+            evaluated_model = config.get("model") or {}
             runs[key] = Run(
-                linked.folder, linked.config, metrics, folder, report, evaluation_key=key, protocols=protocols
-            )
+                linked.folder, linked.config, metrics, folder, report, evaluation_key=key, protocols=protocols,
+                evaluated_model=evaluated_model,
+                not_as_trained=option_differences(linked.config.get("model") or {}, evaluated_model),
+            )  # fmt: skip
     collected = []
     for key, run in training.items():
         if key in evaluated:
@@ -276,6 +295,8 @@ def group_runs(runs: Sequence[Run]) -> tuple[list[Model], list[Run]]:
     """Complete runs grouped into models (same config but the seed, same evaluation settings), and the incomplete runs.
 
     Rows that would share a label are told apart by their experiment folder, then by their (first) evaluation folder.
+    A model evaluated with other model options than it was trained with is labelled by what ran, with the trained
+    values after it (``rpc n_iter=6 lambd=4.0 (trained with n_iter=2)``).
     """
     models: dict[str, Model] = {}
     incomplete = []
@@ -285,12 +306,20 @@ def group_runs(runs: Sequence[Run]) -> tuple[list[Model], list[Run]]:
             continue
         key = json.dumps([_model_key(run.config), run.evaluation_key])
         if key not in models:
-            attention = find_attention(run.config.get("model", {}))
-            models[key] = Model(model_label(attention), attention)
+            attention = find_attention(run.evaluated_model or run.config.get("model", {}))
+            models[key] = Model(_label(attention, run.not_as_trained), attention)
         models[key].runs.append(run)
     _distinguish(models.values(), lambda model: f" ({model.runs[0].folder.parent.name})")
     _distinguish(models.values(), lambda model: f" (test: {_folder_name(model.runs[0].evaluation)})")
     return list(models.values()), incomplete
+
+
+def _label(attention: Mapping, not_as_trained: Sequence[OptionDifference]) -> str:
+    """The model's label from the attention that ran, plus what its training had instead, if it differs."""
+    label = model_label(attention)
+    if not_as_trained:
+        label += " (trained with " + ", ".join(difference.short for difference in not_as_trained) + ")"
+    return label
 
 
 def _distinguish(models: Iterable[Model], suffix) -> None:

@@ -26,12 +26,17 @@ from pathlib import Path
 import yaml
 
 from kpca.attention.errors import OptionError
+from kpca.training.checkpointing.trained_options import run_differences
 from kpca.training.files import write_atomic
 
 logger = logging.getLogger(__name__)
 
 PROTOCOL_FILE = "protocol.json"
 """The file a ``test`` run writes next to its report: group -> protocol text and ``comparable_with_published``."""
+
+CHECKPOINT_ENTRY = "checkpoint"
+"""The entry of ``protocol.json`` (beside the groups) naming the model options that differ from the checkpoint's
+training, when the run was given others than those it was trained with."""
 
 PUBLISHED = "published"
 """The protocol text of a group measured exactly as the authors measured it."""
@@ -252,7 +257,9 @@ def record_protocol(rules: ProtocolRules, run_dir: str | Path, metrics: Iterable
     """Write ``protocol.json`` into a test run's folder and return the "Protocol" section of its report.
 
     The protocol comes from the ``config.yaml`` that LightningCLI saved into ``run_dir`` at setup, through the
-    report's rules (:func:`protocol_of`), for the groups that have one of ``metrics``. Without a
+    report's rules (:func:`protocol_of`), for the groups that have one of ``metrics``. When the run's model options
+    differ from those its ``ckpt_path`` was trained with, ``protocol.json`` names them under :data:`CHECKPOINT_ENTRY`
+    and the section gets a ``model`` line ("not as trained: ... n_iter=6 (trained with 2)"). Without a
     ``config.yaml`` (a run outside the app's command line) nothing is written and the section says so.
 
     Args:
@@ -272,13 +279,18 @@ def record_protocol(rules: ProtocolRules, run_dir: str | Path, metrics: Iterable
         )
     config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
     protocols = protocol_of(config, rules, metrics)
-    text = json.dumps(protocol_record(protocols), indent=2) + "\n"
+    record = protocol_record(protocols)
+    lines = protocol_lines(protocols)
+    differences = [difference.text for difference in run_differences(config)]
+    if differences:
+        record[CHECKPOINT_ENTRY] = {"path": config["ckpt_path"], "differences": differences}
+        lines += f"- model: not as trained: {'; '.join(differences)}, from {config['ckpt_path']}\n"
+    text = json.dumps(record, indent=2) + "\n"
     write_atomic(folder / PROTOCOL_FILE, lambda stream: stream.write(text), mode="w", encoding="utf-8")
     logger.info("wrote %s", folder / PROTOCOL_FILE)
     return (
         "\n## Protocol\n\nEach column group against the authors' protocol (docs/protocols.md): `published` when every "
-        "setting that defines it has the authors' value, else ours, with the differences.\n\n"
-        + protocol_lines(protocols)
+        "setting that defines it has the authors' value, else ours, with the differences.\n\n" + lines
     )
 
 
@@ -287,7 +299,8 @@ def read_protocol_file(run_dir: str | Path) -> dict[str, str]:
     path = Path(run_dir) / PROTOCOL_FILE
     if not path.is_file():
         return {}
-    return {group: entry["protocol"] for group, entry in json.loads(path.read_text(encoding="utf-8")).items()}
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    return {group: entry["protocol"] for group, entry in entries.items() if group != CHECKPOINT_ENTRY}
 
 
 WHOLE_TEST_SET: tuple[Setting, ...] = (

@@ -1,0 +1,81 @@
+"""``--ckpt_path`` runs what the user typed: the real ``vision-cls`` command, as typed in a shell (CPU, digits).
+
+A model option typed at ``test --ckpt_path`` runs (the saved config and the report say so, beside the value the
+checkpoint was trained with); an option the weights cannot take is refused before any work, in one line.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli_support import CONFIGS, run_to_the_end, smoke_options
+
+SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # an RPC-SymViT trained with n_iter 2, embed_dim 32
+N_ITER = "model.net.init_args.attention.n_iter"
+
+
+def command(subcommand: str, root: Path, cache: Path, *extra: object) -> list[str]:
+    """``python -m kpca.vision_cls <subcommand>`` on the smoke config, writing under ``root``."""
+    options = smoke_options(SMOKE, root, cache, "--data.eval.subset=16", *extra)
+    return [sys.executable, "-m", "kpca.vision_cls", subcommand, *map(str, options)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, digits_cache_dir: Path) -> Path:
+    """The last checkpoint of a one-step smoke fit (trained with n_iter 2)."""
+    root = tmp_path_factory.mktemp("trained")
+    run_to_the_end(command("fit", root, digits_cache_dir, "--trainer.max_steps=1"), root)
+    return root / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_a_model_option_typed_at_test_runs_and_the_run_says_what_it_was_trained_with(
+    trained: Path, tmp_path: Path, digits_cache_dir: Path
+):
+    done = run_to_the_end(
+        command("test", tmp_path, digits_cache_dir, f"--{N_ITER}=6", "--ckpt_path", trained), tmp_path
+    )
+    message = f"{N_ITER}=6 (trained with 2)"
+    assert message in done.stderr  # the log
+    run_dir = tmp_path / "runs" / "lightning_logs" / "version_0"
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["model"]["net"]["init_args"]["attention"]["n_iter"] == 6  # what ran
+    provenance = json.loads((run_dir / "protocol.json").read_text())
+    assert provenance["checkpoint"] == {"path": str(trained), "differences": [message]}
+    assert message in (run_dir / "robustness.md").read_text()
+    report = subprocess.run(
+        [sys.executable, "-m", "kpca.training.results.compare", str(tmp_path / "runs"), "--task", "vision_cls"],
+        capture_output=True, text=True, cwd=tmp_path, check=True,
+    )  # fmt: skip
+    assert "rpc n_iter=6 lambd=4.0 layers=[0] (trained with n_iter=2)" in report.stdout
+
+
+def test_a_test_with_the_options_of_the_training_says_nothing_of_them(
+    trained: Path, tmp_path: Path, digits_cache_dir: Path
+):
+    done = run_to_the_end(command("test", tmp_path, digits_cache_dir, "--ckpt_path", trained), tmp_path)
+    assert "trained with" not in done.stderr
+    run_dir = tmp_path / "runs" / "lightning_logs" / "version_0"
+    assert "checkpoint" not in json.loads((run_dir / "protocol.json").read_text())
+    assert (
+        yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["net"]["init_args"]["attention"]["n_iter"] == 2
+    )
+
+
+def test_an_option_the_weights_cannot_take_is_refused_in_one_line_before_any_work(
+    trained: Path, tmp_path: Path, digits_cache_dir: Path
+):
+    refused = subprocess.run(
+        command("test", tmp_path, digits_cache_dir, "--model.net.init_args.embed_dim=64", "--ckpt_path", trained),
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    error = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1
+    assert "model.net.init_args.embed_dim=64 (trained with 32)" in error[0]
+    assert "Drop these options" in error[0]
+    assert not (tmp_path / "runs").exists()  # nothing written
