@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lightning
 import pytest
+from jsonargparse import ArgumentParser
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
@@ -34,6 +35,12 @@ def _run_subcommand() -> None:
 
 def _cli_parser() -> None:
     assert _parameters(LightningCLI._parser) == ["self", "subcommand"]
+
+
+def _parse_ckpt_path() -> None:
+    assert _parameters(LightningCLI._parse_ckpt_path) == ["self"]
+    assert "self._parse_ckpt_path()" in inspect.getsource(LightningCLI.__init__)
+    assert "_skip_validation=False" in inspect.getsource(ArgumentParser.parse_args)  # parse what was typed
 
 
 def _warn_if_dir_not_empty() -> None:
@@ -72,6 +79,10 @@ PRIVATE_NAMES = {
         _prepare_subcommand_parser,
     ),
     "LightningCLI._parser": ("kpca/training/cli.py ProjectCLI._resume_automatically: dump the fit config", _cli_parser),
+    "LightningCLI._parse_ckpt_path": (
+        "kpca/training/cli.py ProjectCLI: --ckpt_path keeps the model options typed (jsonargparse's _skip_validation)",
+        _parse_ckpt_path,
+    ),
     "LightningCLI._run_subcommand": (
         "kpca/training/cli.py ProjectCLI: check-data runs without a trainer, fit holds its run folder's lock",
         _run_subcommand,
@@ -120,6 +131,7 @@ SOURCE = Path(__file__).resolve().parents[2] / "packages" / "training" / "src"
 USED_AS = {
     "LightningCLI._prepare_subcommand_parser": "_prepare_subcommand_parser",
     "LightningCLI._parser": "._parser(",
+    "LightningCLI._parse_ckpt_path": "def _parse_ckpt_path(",
     "LightningCLI._run_subcommand": "def _run_subcommand(",
     "ModelCheckpoint.__warn_if_dir_not_empty": "_ModelCheckpoint__warn_if_dir_not_empty",
     "ModelCheckpoint._save_topk_checkpoint": "_save_topk_checkpoint",
