@@ -40,7 +40,7 @@ def _cli_parser() -> None:
 def _parse_ckpt_path() -> None:
     assert _parameters(LightningCLI._parse_ckpt_path) == ["self"]
     assert "self._parse_ckpt_path()" in inspect.getsource(LightningCLI.__init__)
-    assert "_skip_validation=False" in inspect.getsource(ArgumentParser.parse_args)  # parse what was typed
+    assert "_skip_validation" in inspect.getsource(ArgumentParser.parse_args)  # parse what was typed
 
 
 def _warn_if_dir_not_empty() -> None:
