@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from kpca.training.experiment import cli as experiment_cli
 from kpca.training.experiment.plan import PlanError, load_plan
 from kpca.training.experiment.slurm import SlurmError, array_spec, slurm_states, submit_slurm
 from kpca.training.experiment.status import status_markdown, step_states
@@ -27,6 +28,8 @@ from kpca.training.experiment.steps import marker
 from kpca.vision_cls.builtin_data import write_digits_imagefolder
 from tests.cli_support import CONFIGS, CPU
 from tests.test_cluster import TAG, TIMEOUT, children, clean_env, kill_all, start, stderr_of, wait_until
+from tests.training.test_plan_checked_first import assert_refused_before_anything_ran, kpca_experiment
+from tests.training.test_plan_checked_first import write_plan as write_typo_plan
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 FIRST_JOB = 1000
@@ -375,6 +378,27 @@ def test_dry_run_writes_the_scripts_and_submits_nothing(slurm: Slurm, tmp_path: 
     assert str(jobs[1]).startswith("test: not submitted (dry run), array 0-3 (4 runs), aftercorr:<1-fit>, ")
     assert slurm.submissions() == []
     assert not (plan.out / ".slurm" / "jobs.json").exists()
+
+
+@pytest.mark.slow
+def test_run_refuses_a_plan_whose_second_run_has_a_typo_before_submitting_anything(slurm: Slurm, tmp_path: Path):
+    done = kpca_experiment("run", str(write_typo_plan(tmp_path)), "--executor", "slurm", cwd=tmp_path)
+    assert_refused_before_anything_ran(done, tmp_path / "runs" / "typo")
+    assert slurm.submissions() == []
+
+
+def test_run_of_a_plan_without_report_says_how_to_get_one(slurm: Slurm, tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setattr(experiment_cli, "_parse_error", lambda *_args: None)  # every step's arguments accepted
+    path = write_plan(tmp_path, steps=("fit",), report=False)
+    with pytest.raises(SystemExit) as exit_info:
+        experiment_cli.main(["run", str(path), "--executor", "slurm"])
+    out = capsys.readouterr().out.splitlines()
+    assert exit_info.value.code == 0 and [call["argv"][-1] for call in slurm.submissions()] == [
+        str(tmp_path / "runs" / "tiny" / ".slurm" / "1-fit.sbatch")
+    ]  # the fit array, no report job
+    assert out[0].startswith("fit: job 1000, array 0-3 (4 runs), ")
+    assert out[1].startswith("no report: plan.yaml has no report section, so runs/tiny/report.md is not written; ")
+    assert len(out) == 2
 
 
 @pytest.mark.parametrize(

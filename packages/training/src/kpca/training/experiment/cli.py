@@ -20,8 +20,9 @@ from pathlib import Path
 from unittest import mock
 
 from kpca.attention.errors import OptionError
-from kpca.training.experiment.plan import Plan, PlanError, PlannedRun, load_plan, step_argv, step_folder
-from kpca.training.experiment.steps import StepError, execute_step, fit_checkpoint
+from kpca.training.errors import run_command
+from kpca.training.experiment.plan import Plan, PlannedRun, StepSpec, load_plan, step_argv, step_folder
+from kpca.training.experiment.steps import StepError, execute_step, fit_checkpoint, marker
 
 DESCRIPTION = """\
 Run an experiment plan: every model (run) of a YAML plan, for every seed, through its steps (fit, then test,
@@ -56,7 +57,7 @@ class _ParsedSignal(Exception):  # noqa: N818 (a signal, not an error)
     """Raised in place of building the classes: the app's parser accepted the arguments."""
 
 
-def validate_plan(plan: Plan) -> int:
+def validate_plan(plan: Plan, *, skip_done: bool = False) -> int:
     """Parse every step's arguments in the app's LightningCLI, in this process, without building or running anything.
 
     The parse is the app's own, checks included (unknown keys, types, required values, ``--ckpt_path auto``); it
@@ -64,29 +65,47 @@ def validate_plan(plan: Plan) -> int:
     ``--seed_everything`` and folders); a later step's checkpoint is the one ``fit.done`` names, or, before the fit
     is done, the path of the fit's checkpoint (not read).
 
+    Args:
+        plan: the plan.
+        skip_done: leave out what ``run`` would not run again: a step is parsed for the first seed that has not
+            done it, and not at all when every seed has (a finished plan is checked without importing its app).
+
     Returns:
         The number of argument lists parsed.
 
     Raises:
         ValidationError: naming the plan, run, step and the parser's message for the first refused list.
     """
+    to_parse = _steps_to_parse(plan, skip_done)
+    if not to_parse:
+        return 0
     from kpca.training.cli import console_logging  # here: the other subcommands need neither Lightning nor torch
 
     app_main = importlib.import_module(f"kpca.{plan.app}.cli").main
     console_logging()  # the app's log handler goes to the real stderr, not to the one captured below
-    first_seed: dict[str, PlannedRun] = {}
+    for run, step in to_parse:
+        argv = step_argv(plan, run, step.name, _checkpoint_to_parse(plan, run, step.ckpt))
+        message = _parse_error(app_main, plan.app, argv)
+        if message is not None:
+            raise ValidationError(
+                f"{plan.path}: run {run.name!r}, step {step.name!r}: the {plan.app} app refuses its arguments:\n"
+                f"{message}\narguments: {shlex.join(argv)}"
+            )
+    return len(to_parse)
+
+
+def _steps_to_parse(plan: Plan, skip_done: bool) -> list[tuple[PlannedRun, StepSpec]]:
+    """Each run's steps with the seed to parse them for, in plan order (see :func:`validate_plan`)."""
+    seeds: dict[str, list[PlannedRun]] = {}
     for run in plan.runs:
-        first_seed.setdefault(run.name, run)
-    for run in first_seed.values():
+        seeds.setdefault(run.name, []).append(run)
+    to_parse = []
+    for runs in seeds.values():
         for step in plan.steps:
-            argv = step_argv(plan, run, step.name, _checkpoint_to_parse(plan, run, step.ckpt))
-            message = _parse_error(app_main, plan.app, argv)
-            if message is not None:
-                raise ValidationError(
-                    f"{plan.path}: run {run.name!r}, step {step.name!r}: the {plan.app} app refuses its arguments:\n"
-                    f"{message}\narguments: {shlex.join(argv)}"
-                )
-    return len(first_seed) * len(plan.steps)
+            pending = [run for run in runs if not (skip_done and marker(run, step.name, "done").is_file())]
+            if pending:
+                to_parse.append((pending[0], step))
+    return to_parse
 
 
 def _checkpoint_to_parse(plan: Plan, run: PlannedRun, which: str | None) -> Path | None:
@@ -118,11 +137,16 @@ def _parse_error(app_main: Callable, app: str, argv: list[str]) -> str | None:
         except _ParsedSignal:
             return None
         except SystemExit as exit_:
-            text = errors.getvalue()
-            return text[text.rfind("error:") :].strip() or f"exit status {exit_.code}"  # without the usage lines
+            return _parser_message(errors.getvalue()) or f"exit status {exit_.code}"
         except Exception as error:  # a refusal raised by the app's own argument checks
             return f"{type(error).__name__}: {error}"
     return "the app ran past its argument parsing"
+
+
+def _parser_message(text: str) -> str:
+    """What follows the last ``error:`` of a parser's output, without the usage lines (the whole text if none)."""
+    start = text.rfind("error:")
+    return (text[start + len("error:") :] if start >= 0 else text).strip()
 
 
 def _stop_after_parsing(cli: object) -> None:
@@ -146,7 +170,8 @@ def _parser() -> argparse.ArgumentParser:
     run = command(
         "run",
         "Run every step of every run and seed of the plan that is not done yet (done steps are skipped, an "
-        "interrupted fit resumes), then write the plan's report.",
+        "interrupted fit resumes), then write the plan's report. The steps to run are checked first, as validate "
+        "checks them: one that the app refuses stops the plan before anything runs.",
     )
     run.add_argument("plan", type=Path, help="the plan file (YAML)")
     run.add_argument(
@@ -177,18 +202,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The ``kpca-experiment`` console script."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    """The ``kpca-experiment`` console script; a user error ends it with one ``error:`` line and its exit status."""
+    run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> None:
+    args = _parser().parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    from kpca.training.experiment.slurm import SlurmError
-
-    try:
-        sys.exit(_command(args))
-    except (PlanError, StepError, ValidationError, SlurmError) as error:
-        print(f"kpca-experiment {args.command}: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(_command(args))
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -199,16 +221,8 @@ def _command(args: argparse.Namespace) -> int:
             print(f"{plan.path}: ok ({validate_plan(plan)} argument lists parsed)")
         return 0
     plan = load_plan(args.plan, args.override)
-    if args.command == "run" and args.executor == "slurm":
-        from kpca.training.experiment.slurm import submit_slurm
-
-        for job in submit_slurm(plan):
-            print(job)
-        return 0
     if args.command == "run":
-        from kpca.training.experiment.local import run_local
-
-        return run_local(plan)
+        return _run(plan, args.executor)
     if args.command == "status":
         from kpca.training.experiment.status import status_markdown
 
@@ -220,3 +234,24 @@ def _command(args: argparse.Namespace) -> int:
         print(write_plan_report(plan).read_text(encoding="utf-8"), end="")
         return 0
     return execute_step(plan, plan.run(args.run), args.step, shlex.split(args.launcher))
+
+
+def _run(plan: Plan, executor: str) -> int:
+    """``kpca-experiment run``: check every step still to run as ``validate`` does, then run or submit them.
+
+    A refused step refuses the whole plan before any step runs or any job is submitted; a finished plan parses
+    nothing.
+    """
+    validate_plan(plan, skip_done=True)
+    if executor == "local":
+        from kpca.training.experiment.local import run_local
+
+        return run_local(plan)
+    from kpca.training.experiment.report import missing_report_note
+    from kpca.training.experiment.slurm import submit_slurm
+
+    for job in submit_slurm(plan):
+        print(job)
+    if plan.report is None:
+        print(missing_report_note(plan))
+    return 0

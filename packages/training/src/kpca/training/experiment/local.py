@@ -3,7 +3,8 @@
 Each step runs as its own process, ``kpca-experiment exec`` (:func:`kpca.training.experiment.plan.exec_command`),
 so a step killed midway leaves the markers that the next run of the plan reads: done steps are skipped, an
 interrupted fit resumes from its newest checkpoint. A failed step stops the rest of its run (they need its
-checkpoint); the other runs go on. The plan's report is written at the end.
+checkpoint); the other runs go on. The plan's report is written at the end; a plan without a ``report`` section gets
+a line saying how to get one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import subprocess
 import sys
 
 from kpca.training.experiment.plan import Plan, exec_command
-from kpca.training.experiment.report import write_plan_report
+from kpca.training.experiment.report import missing_report_note, write_plan_report
 from kpca.training.experiment.status import status_markdown
 from kpca.training.experiment.steps import ENDING_SIGNALS, SignalForwarder, log_path, marker
 
@@ -21,7 +22,7 @@ INTERRUPTED = tuple(128 + signum for signum in ENDING_SIGNALS)
 
 
 def run_local(plan: Plan) -> int:
-    """Run every step of ``plan`` that is not done, run by run, then write its report.
+    """Run every step of ``plan`` that is not done, run by run, then write its report (or say how to get one).
 
     Returns:
         0 when every step is done, 1 when a step failed (the failed steps' logs are named on stderr), or the
@@ -43,8 +44,7 @@ def run_local(plan: Plan) -> int:
             _say(f"{run.id} {step_name} FAILED (exit status {returncode}); its later steps are skipped")
             failed.append((run, step_name))
     _say(status_markdown(plan))
-    if plan.report is not None:
-        _say(f"report: {write_plan_report(plan)}")
+    _say(f"report: {write_plan_report(plan)}" if plan.report is not None else missing_report_note(plan))
     if failed:
         logs = "\n".join(f"  {run.id} {step_name}: {log_path(run, step_name)}" for run, step_name in failed)
         _say(f"{len(failed)} step(s) failed; their logs:\n{logs}")

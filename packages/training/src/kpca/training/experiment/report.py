@@ -94,6 +94,15 @@ def write_plan_report(plan: Plan) -> Path:
     return path
 
 
+def missing_report_note(plan: Plan) -> str:
+    """What ``run`` says of a plan without a ``report`` section: no ``report.md``, and the two ways to get one."""
+    return (
+        f"no report: {shown(plan.path)} has no report section, so {shown(plan.out / REPORT_FILE)} is not written; add "
+        f"one (e.g. report: {{task: {plan.app}}}) and run `kpca-experiment report {shown(plan.path)}`, or compare "
+        f"the runs with `kpca-report {shown(plan.out)} --task {plan.app}`"
+    )
+
+
 def status_section(plan: Plan) -> str:
     """The status table with progress when some step of the plan is not done; "" when all are."""
     states = step_states(plan)
