@@ -4,7 +4,10 @@ The report schemas come from the installed apps' ``kpca.reports`` entry points, 
 """
 
 import csv
+import logging
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from kpca.language_model.perplexity import PERPLEXITY_REPORT
 from kpca.segmentation.evaluation import SEGMENTATION_REPORT
 from kpca.training.results.collect import collect_runs, group_runs, installed_tasks, model_label, report_schema
 from kpca.training.results.compare import compare, main
+from kpca.training.results.render import figure_description
 from kpca.training.results.schema import ReportSchema
 from kpca.vision_cls.evaluation import ROBUSTNESS_REPORT
 
@@ -104,9 +108,9 @@ def test_a_compiled_seed_is_a_seed_of_the_same_model(tmp_path: Path):
 def test_other_settings_make_another_model_and_the_newest_evaluation_wins(tmp_path: Path):
     _run(tmp_path / "a" / "version_0", _config("rpc", 1, lr=0.1), checkpoint=True)
     _run(tmp_path / "b" / "version_0", _config("rpc", 1, lr=0.5), checkpoint=True)
-    for name, folder, ppl in (("old", "a", 50.0), ("new", "a", 40.0), ("other", "b", 45.0)):
+    for name, folder, lr, ppl in (("old", "a", 0.1, 50.0), ("new", "a", 0.1, 40.0), ("other", "b", 0.5, 45.0)):
         ckpt = str(tmp_path / folder / "version_0" / "checkpoints" / "last.ckpt")
-        _run(tmp_path / name, _config("rpc", 1, ckpt), report=_perplexity(ppl, ppl))
+        _run(tmp_path / name, _config("rpc", 1, ckpt, lr=lr), report=_perplexity(ppl, ppl))  # the same model options
     models, incomplete = group_runs(collect_runs(tmp_path, report_schema("language_model")))
     assert not incomplete and len(models) == 2
     assert sorted(m.label for m in models) == ["rpc n_iter=2 lambd=4.0 (a)", "rpc n_iter=2 lambd=4.0 (b)"]
@@ -184,8 +188,35 @@ def test_kpca_report_names_the_installed_tasks_for_an_unknown_one(tmp_path: Path
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path), "--task", "nope"])
     error = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "got 'nope'" in error
-    assert "['language_model', 'segmentation', 'vision_cls']" in error
+    assert exit_info.value.code == 2 and error.startswith("error: --task must be one of") and error.count("\n") == 1
+    assert "['language_model', 'segmentation', 'vision_cls'], got 'nope'" in error
+
+
+def test_the_kpca_report_command_ends_a_user_error_with_one_error_line(tmp_path: Path):
+    command = [str(Path(sys.executable).parent / "kpca-report"), str(tmp_path), "--task", "nope"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert (
+        done.stderr.startswith("error: --task must be one of the installed report tasks ")
+        and "got 'nope'" in done.stderr
+    )
+    assert done.stderr.count("\n") == 1  # no traceback, no usage
+
+
+def test_kpca_report_names_the_files_it_writes_and_what_its_figure_shows(tmp_path: Path, caplog):
+    runs = tmp_path / "runs"
+    for seed in (1, 2):
+        _run(runs / f"version_{seed}", _lm_config(seed, published=True), report=_perplexity(30.0 + seed, 31.0))
+    with caplog.at_level(logging.INFO, logger="kpca.training.results.compare"):
+        main([str(runs), "--task", "language_model"])
+    assert (runs / "comparison.png").is_file()
+    assert caplog.messages[-1] == (
+        f"kpca-report: 1 models from 2 runs -> {runs / 'comparison.md'} and comparison.csv; figure "
+        f"{runs / 'comparison.png'}: each model's mean of each metric over its seeds as bars, the std as error bars"
+    )
+    attacks = figure_description(["clean/acc1", "attack/pgd/eps1", "attack/fgsm/eps1", "attack/fgsm/eps2"])
+    assert attacks.endswith("error bars; accuracy against ε for each attack (fgsm, pgd)")
+    assert figure_description(["attack/fgsm/eps1"]) == "accuracy against ε for each attack (fgsm)"
 
 
 def test_kpca_report_help_is_plain_text_saying_what_it_does(capsys: pytest.CaptureFixture[str]):
@@ -338,3 +369,15 @@ def test_seeds_whose_tests_differ_only_in_the_report_name_are_one_row(tmp_path: 
         _run(tmp_path / "test" / f"version_{seed}", config, report=_robustness(0.5 + seed / 10, stem))
     (model,), _ = group_runs(collect_runs(tmp_path, report_schema("vision_cls")))
     assert [run.metrics["clean/acc1"] for run in model.runs] == [0.6, 0.7]
+
+
+def test_an_evaluation_with_other_model_options_is_labelled_by_what_ran_and_what_was_trained(tmp_path: Path):
+    _run(tmp_path / "a" / "version_0", _config("rpc", 1), checkpoint=True)
+    ckpt = str(tmp_path / "a" / "version_0" / "checkpoints" / "last.ckpt")
+    for name, n_iter, ppl in (("as_trained", 2, 40.0), ("n_iter6", 6, 41.0)):
+        config = _config("rpc", 1, ckpt)
+        config["model"]["net"]["init_args"]["attention"]["n_iter"] = n_iter
+        _run(tmp_path / name, config, report=_perplexity(ppl, ppl))
+    models, _ = group_runs(collect_runs(tmp_path, report_schema("language_model")))
+    labels = {m.label: m.runs[0].metrics["valid/ppl"] for m in models}
+    assert labels == {"rpc n_iter=2 lambd=4.0": 40.0, "rpc n_iter=6 lambd=4.0 (trained with n_iter=2)": 41.0}

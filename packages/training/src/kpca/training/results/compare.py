@@ -21,10 +21,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from kpca.attention.errors import OptionError
+from kpca.training.errors import run_command
 from kpca.training.files import write_atomic
 from kpca.training.results.collect import collect_runs, group_runs, installed_tasks, report_schema
 from kpca.training.results.references import read_references
-from kpca.training.results.render import comparison_figure, comparison_markdown, comparison_rows, shown_columns
+from kpca.training.results.render import (
+    comparison_figure,
+    comparison_markdown,
+    comparison_rows,
+    figure_description,
+    shown_columns,
+)
 from kpca.training.results.schema import REPORT_ENTRY_POINTS
 from kpca.training.results.tables import write_report
 
@@ -85,16 +92,19 @@ def compare(
     out = Path(out_dir) if out_dir is not None else Path(root)
     markdown = comparison_markdown(models, incomplete, columns, reference_rows, schema.columns)
     rows = comparison_rows(models, incomplete, columns, reference_rows)
-    md_path, _ = write_report(rows, out, name, markdown=markdown)
+    md_path, csv_path = write_report(rows, out, name, markdown=markdown)
+    written = f"{md_path} and {csv_path.name}"
     if models:
         from matplotlib import pyplot as plt
 
         fig = comparison_figure(models, columns)
-        write_atomic(out / f"{name}.png", lambda f: fig.savefig(f, format="png", dpi=110))
+        figure = out / f"{name}.png"
+        write_atomic(figure, lambda f: fig.savefig(f, format="png", dpi=110))
         plt.close(fig)
+        written += f"; figure {figure}: {figure_description(columns)}"
     for run in incomplete:
         logger.warning("kpca-report: incomplete run %s: %s", run.folder, run.reason)
-    logger.info("kpca-report: %d models from %d runs -> %s", len(models), len(runs), md_path)
+    logger.info("kpca-report: %d models from %d runs -> %s", len(models), len(runs), written)
     return md_path
 
 
@@ -142,7 +152,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The ``kpca-report`` console script: writes the comparison and prints its Markdown (or lists the tasks)."""
+    """The ``kpca-report`` console script: writes the comparison and prints its Markdown (or lists the tasks).
+
+    A user error (an unknown task, a folder without runs, a reference file that does not fit) ends it with one
+    ``error:`` line and its exit status.
+    """
+    run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.task == "":
@@ -155,10 +173,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    try:
-        path = compare(args.root, args.task, args.out, args.name, references=args.reference)
-    except ValueError as error:
-        parser.error(str(error))
+    path = compare(args.root, args.task, args.out, args.name, references=args.reference)
     sys.stdout.write(path.read_text(encoding="utf-8"))
 
 

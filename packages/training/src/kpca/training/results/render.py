@@ -180,6 +180,22 @@ def comparison_markdown(
     return text
 
 
+def attack_names(columns: Sequence[str]) -> list[str]:
+    """The attacks of the ``attack/<name>/eps<ε>`` columns, sorted."""
+    return sorted({c.split("/")[1] for c in columns if c.startswith("attack/")})
+
+
+def figure_description(columns: Sequence[str]) -> str:
+    """What :func:`comparison_figure` of ``columns`` shows, in words (for the line that names its file)."""
+    parts = []
+    if any(not c.startswith("attack/") for c in columns):
+        parts.append("each model's mean of each metric over its seeds as bars, the std as error bars")
+    attacks = attack_names(columns)
+    if attacks:
+        parts.append(f"accuracy against ε for each attack ({', '.join(attacks)})")
+    return "; ".join(parts)
+
+
 def comparison_figure(models: Sequence[Model], columns: Sequence[str]):
     """Bars (mean, error bar = std over seeds) of the non-attack metrics; accuracy against ε for each attack."""
     import matplotlib
@@ -187,7 +203,7 @@ def comparison_figure(models: Sequence[Model], columns: Sequence[str]):
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    attacks = sorted({c.split("/")[1] for c in columns if c.startswith("attack/")})
+    attacks = attack_names(columns)
     plain = [c for c in columns if not c.startswith("attack/")]
     fig, axes = plt.subplots(1, 1 + len(attacks), figsize=(6 + 4 * len(attacks), 4), squeeze=False)
     width = 0.8 / max(len(models), 1)
