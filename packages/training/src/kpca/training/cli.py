@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -61,6 +62,7 @@ from kpca.training.checkpointing.trained_options import (
 from kpca.training.data_checks.bad_files import BadFilesMonitor
 from kpca.training.files import write_atomic
 from kpca.training.help_text import PlainHelpFormatter
+from kpca.training.machine_checks import check_machine
 from kpca.training.parser import project_parser
 from kpca.training.run_config import without_keys
 from kpca.training.run_lock import RunLock
@@ -82,6 +84,16 @@ FIT_SUMMARY = "fit_summary.json"
 """The file :meth:`ProjectCLI.after_fit` writes into the fit's log folder: its best and last checkpoints."""
 RUN_LOCK_FILE = "fit.lock"
 """The lock file a ``fit`` holds in its run folder (see :mod:`kpca.training.run_lock`)."""
+CKPT_PATH_HELP = (
+    "A checkpoint file whose weights this command uses. The model options you type (config files and command line) "
+    "run; the checkpoint's training options fill in the rest, and a run whose options differ from them says so in "
+    "its log and report. Options the weights cannot take (a width, a depth) are refused.",
+    "Resume from a checkpoint: 'auto' (or 'last') continues the newest readable checkpoint of this same experiment "
+    "(the same config) in its own run folder, or starts fresh when there is none, so rerunning a killed command "
+    "resumes it; a file continues a copy of that run in a new run folder (typed model options run, as in test). "
+    "Lightning's 'hpc' and 'registry' keywords work as in Lightning. Default: start fresh.",
+)
+"""``--ckpt_path``'s help: of ``validate`` / ``test`` / ``predict`` / ``analyze`` / ``export``, and of ``fit``."""
 NEW_RUN_FOLDER = (
     "To run beside it, give this run its own version folder: leave trainer.logger.init_args.version unset and pass "
     "--ckpt_path null (start afresh) or --ckpt_path <one of its checkpoints> (continue a copy of it)."
@@ -197,6 +209,9 @@ class ProjectCLI(LightningCLI):
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         if subcommand == "test":  # the module prints its report table once; Lightning's is one per dataloader
             parser.set_defaults({"verbose": False})
+        ckpt_path = next((action for action in parser._actions if action.dest == "ckpt_path"), None)
+        if ckpt_path is not None:
+            ckpt_path.help = CKPT_PATH_HELP[subcommand == "fit"]
         return parser
 
     def add_app_arguments(self, parser: LightningArgumentParser) -> None:
@@ -256,6 +271,11 @@ class ProjectCLI(LightningCLI):
             return self.parser.parse_object(self._args, defaults=False, _skip_validation=True)
         return self.parser.parse_args(self._args, defaults=False, _skip_validation=True)
 
+    def before_instantiate_classes(self) -> None:
+        """Refuse what this machine cannot run before anything is built (:mod:`kpca.training.machine_checks`)."""
+        if self.subcommand not in (None, CHECK_DATA):
+            check_machine(self.config[self.subcommand].trainer)
+
     def instantiate_classes(self) -> None:
         """Build the configured classes; for ``check-data`` the datamodule alone (no model, no trainer)."""
         if self.subcommand != CHECK_DATA:
@@ -276,10 +296,17 @@ class ProjectCLI(LightningCLI):
             if self.trainer_class.check_data(self.datamodule, options.workers, options.progress).problems:
                 raise SystemExit(1)
             return
+        folder = _run_folder(self.trainer) if self.trainer.global_rank == 0 else None
+        new_folder = folder is not None and not folder.exists()
         with ExitStack() as locks:
             if subcommand == "fit" and self.trainer.global_rank == 0 and not self.trainer.fast_dev_run:
                 self._lock_run(locks)
-            super()._run_subcommand(subcommand)
+            try:
+                super()._run_subcommand(subcommand)
+            except BaseException:
+                if new_folder and not _work_started(self.trainer):
+                    _remove_unused_run_folder(folder)
+                raise
         leave_process_group()
 
     def _lock_run(self, locks: ExitStack) -> None:
@@ -405,6 +432,30 @@ def leave_process_group() -> None:
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def _work_started(trainer: pl.Trainer) -> bool:
+    """Whether any loop of ``trainer`` started a batch (training, validation, test or prediction)."""
+    loops = (trainer.fit_loop.epoch_loop, trainer.validate_loop, trainer.test_loop, trainer.predict_loop)
+    return any(loop.batch_progress.total.started for loop in loops) or trainer.global_step > 0
+
+
+def _remove_unused_run_folder(folder: Path) -> None:
+    """Remove the run folder that a start which failed before any batch created, so the next try reuses its name.
+
+    Only a folder holding nothing but what starting writes (its config, an empty log) goes: the next attempt then
+    gets the same ``version_N``. A folder holding a checkpoint or a report is kept.
+    """
+    kept = [path for path in folder.rglob("*") if path.is_file() and not _start_file(path)]
+    if kept:
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    logger.info("removed %s: the run failed before its first batch", folder)
+
+
+def _start_file(path: Path) -> bool:
+    """A file that starting a run writes before any batch: its config, hparams, lock and TensorBoard event files."""
+    return path.name in ("config.yaml", "hparams.yaml", RUN_LOCK_FILE) or path.name.startswith("events.out.tfevents.")
 
 
 def _version_glob(version: int | str | None) -> str:

@@ -44,7 +44,8 @@ def temporary_files(folder: Path, pattern: str = "*") -> list[Path]:
 def write_atomic(path: Path, write: Callable[[IO], None], mode: str = "wb", **open_kwargs) -> None:
     """Call ``write(file)`` on a temporary file next to ``path``, fsync it, then rename it over ``path``.
 
-    The file gets the permissions a plain ``open`` would give it (0666 less the umask), not mkstemp's 0600.
+    The file gets the permissions a plain ``open`` would give it (0666 less the umask), not mkstemp's 0600. An
+    operating-system error of the write (a full disk) names ``path`` and leaves nothing behind.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path), suffix=TEMPORARY_SUFFIX)
@@ -55,6 +56,11 @@ def write_atomic(path: Path, write: Callable[[IO], None], mode: str = "wb", **op
             os.fsync(stream.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        if error.errno is None or error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -1,0 +1,71 @@
+"""What the machine must offer a run, checked before anything is built: a GPU for a GPU trainer, a writable folder.
+
+:class:`kpca.training.cli.ProjectCLI` calls :func:`check_machine` on the parsed config of every subcommand that
+builds a trainer. Each refusal is a :class:`~kpca.training.errors.MachineError` (exit status 4) naming the setting
+and the fix; nothing is created on the way (the folder check writes one temporary file and removes it).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kpca.training.errors import MachineError
+
+GPU_ACCELERATORS = ("gpu", "cuda")
+CPU_TRAINER = "configs/trainer/cpu.yaml"
+
+
+def check_accelerator(accelerator: object) -> None:
+    """Refuse a GPU accelerator on a machine where torch sees no CUDA GPU, naming the CPU trainer file."""
+    if not (isinstance(accelerator, str) and accelerator.lower() in GPU_ACCELERATORS):
+        return
+    if torch.cuda.is_available():
+        return
+    raise MachineError(
+        f"trainer.accelerator={accelerator} needs a CUDA GPU, and torch sees none on this machine "
+        f"(torch.cuda.is_available() is False, torch {torch.__version__}). To run on the CPU give -c {CPU_TRAINER} in "
+        "place of the GPU trainer file (or --trainer.accelerator=cpu --trainer.devices=1 --trainer.precision=32-true); "
+        "on a GPU node, check that nvidia-smi lists the GPU and that this torch is a CUDA build."
+    )
+
+
+def nearest_existing(folder: Path) -> Path:
+    """``folder`` or its nearest ancestor that exists (where creating ``folder`` starts)."""
+    folder = folder.absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """Refuse a run folder that cannot be created or written (read-only, full, a file in its path), naming ``option``.
+
+    The check writes one temporary file into ``folder`` or, when ``folder`` does not exist yet, into its nearest
+    existing ancestor, and removes it: a refusal leaves nothing behind.
+    """
+    existing = nearest_existing(Path(folder))
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(existing))
+        with tempfile.TemporaryFile(dir=existing, prefix=".kpca-write-check-"):
+            pass
+    except OSError as error:
+        raise MachineError(
+            f"cannot write the run folder {folder} ({option}): {error.strerror or error} ({existing}). Choose a "
+            f"folder on a writable disk with space: --{option}=<folder>."
+        ) from None
+
+
+def check_machine(trainer_config) -> None:
+    """Check a parsed ``trainer`` section: its accelerator, and the folders its logger and its root write into."""
+    check_accelerator(trainer_config.get("accelerator"))
+    logger = trainer_config.get("logger")
+    init_args = getattr(logger, "init_args", None)
+    save_dir = init_args.get("save_dir") if init_args is not None else None
+    if save_dir:
+        check_writable(Path(save_dir), "trainer.logger.init_args.save_dir")
+    if trainer_config.get("default_root_dir"):
+        check_writable(Path(trainer_config.default_root_dir), "trainer.default_root_dir")
