@@ -1,0 +1,72 @@
+"""A mistake the user can fix ends a command with one ``error:`` line and the status of its kind, no traceback."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kpca.attention.errors import OptionError
+from kpca.training.data_checks.problems import DataError
+from kpca.training.errors import TRACEBACK_ENV_VAR, error_line, user_message
+from tests.cli_support import CONFIGS, CPU
+
+SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
+
+
+def vision_cls(cwd: Path, *args: object, **env: str) -> subprocess.CompletedProcess:
+    """``python -m kpca.vision_cls`` as typed in a shell in ``cwd``."""
+    command = [sys.executable, "-m", "kpca.vision_cls", *map(str, args)]
+    environment = {key: value for key, value in os.environ.items() if key != TRACEBACK_ENV_VAR}
+    environment.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env)
+    return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
+
+
+N_ITER_0 = ("fit", "-c", CPU, "-c", SMOKE, "--model.net.init_args.attention.n_iter=0")
+
+
+def test_an_option_check_at_run_time_is_one_line_with_status_2(tmp_path: Path):
+    done = vision_cls(tmp_path, *N_ITER_0)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == ("error: n_iter must be >= 1 (the number of attention evaluations), got 0")
+
+
+def test_a_missing_data_root_is_one_line_with_status_3(tmp_path: Path):
+    missing = tmp_path / "imagenet"
+    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={missing}")
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"error: {missing / 'train'} is not a directory; expected the layout root/train/")
+
+
+def test_the_traceback_is_there_on_request(tmp_path: Path):
+    done = vision_cls(tmp_path, *N_ITER_0, **{TRACEBACK_ENV_VAR: "1"})
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "OptionError: n_iter must be >= 1" in done.stderr
+
+
+def test_a_dataloader_workers_error_loses_the_workers_traceback():
+    # how torch's ExceptionWrapper.reraise rebuilds a worker's exception in the main process
+    wrapped = DataError(
+        "Caught DataError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+        '  File "worker.py", line 1, in <module>\n    raise DataError(problem)\n'
+        "kpca.training.data_checks.problems.DataError: /data/a.JPEG (train): cannot decode it.\nsecond line"
+    )
+    assert user_message(wrapped) == "/data/a.JPEG (train): cannot decode it.\nsecond line"
+    assert error_line(wrapped) == (user_message(wrapped), 3)
+    assert error_line(OptionError("bad")) == ("bad", 2)
+    assert error_line(ValueError("a bug's ValueError")) is None  # not the project's check: keeps its traceback
+
+
+@pytest.mark.parametrize("status", [0, 1])
+def test_a_command_that_succeeds_or_crashes_is_left_alone(status: int):
+    code = "from kpca.training.errors import run_command\n" + (
+        "run_command(lambda: None)" if status == 0 else "run_command(lambda: 1 / 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == status
+    assert ("ZeroDivisionError" in done.stderr) == (status == 1)
