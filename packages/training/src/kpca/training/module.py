@@ -9,8 +9,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
+from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
+from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.origin import record_origin
 from kpca.training.checkpointing.resume import record_run_folder
 from kpca.training.rng_state import RNGStateCheckpointing
@@ -55,6 +57,47 @@ def compile_in_place(net: nn.Module, methods: tuple[str, ...], options: CompileO
     """
     for name in methods:
         setattr(net, name, torch.compile(getattr(net, name), **asdict(options)))
+
+
+def empty_training_loader_message(loader: object, world_size: int) -> str:
+    """Why ``loader``, this rank's training loader, yields no batch, with the numbers and the fix.
+
+    For a ``DataLoader``: the training set's size, the samples its sampler gives each device per epoch, the
+    per-device and global batch (``world_size`` devices × nodes) and ``drop_last``; any other loader is named.
+    """
+    if not isinstance(loader, DataLoader) or loader.batch_size is None:
+        return (
+            f"The training loader ({type(loader).__name__}) yields no batch, so fit would train nothing; give it "
+            "training data, or set trainer.limit_train_batches=0 to fit without training."
+        )
+    batch, per_device = loader.batch_size, len(loader.sampler)
+    dropped = ", and drop_last=True drops a partial batch" if loader.drop_last else ""
+    fix = "train on more data"
+    if per_device:
+        fix = f"set data.batch_size to at most {per_device * world_size} (one full batch per device), or {fix}"
+    return (
+        f"The training loader yields no batch, so fit would train nothing: the training set has "
+        f"{len(loader.dataset)} samples, of which each of the {world_size} device(s) (devices × nodes) gets "
+        f"{per_device} per epoch, fewer than its batch of {batch} (data.batch_size={batch * world_size} over "
+        f"{world_size} device(s)){dropped}. To train, {fix}."
+    )
+
+
+def require_training_batches(trainer: pl.Trainer) -> None:
+    """Raise :class:`OptionError` if ``fit`` would find no training batch; building the training loader if needed.
+
+    Lightning would warn "No training batches" and end the fit with nothing trained and no checkpoint. Not
+    refused: ``trainer.limit_train_batches=0`` (no training asked for). The loader is built as
+    ``trainer.estimated_stepping_batches`` builds it (a checkpoint's loader states are applied later, at
+    ``on_train_start``). Its length depends on the config and the dataset's size only, so under DDP every rank
+    refuses alike.
+    """
+    if trainer.limit_train_batches == 0:
+        return
+    if trainer.train_dataloader is None:
+        trainer.fit_loop.setup_data()
+    if trainer.num_training_batches == 0:
+        raise OptionError(empty_training_loader_message(trainer.train_dataloader, trainer.world_size))
 
 
 class NetModule(RNGStateCheckpointing, pl.LightningModule):
@@ -130,6 +173,11 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
             return
         compile_in_place(self.net, self.compiled_methods, self.compile_options)
         self._net_compiled = True
+
+    def on_fit_start(self) -> None:
+        """Refuse a fit whose training loader yields no batch (:func:`require_training_batches`), before any step."""
+        super().on_fit_start()
+        require_training_batches(self.trainer)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add the run folder and the app to the RNG states (on every rank: ``log_dir`` is agreed between ranks)."""
