@@ -5,6 +5,8 @@ Legend: B batch, C channels, H x W image, K classes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
@@ -14,11 +16,39 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from kpca.attention.errors import OptionError
 from kpca.training.data import require_datamodule
 from kpca.training.module import CompileOptions, NetModule
 from kpca.training.optim import parameter_groups, warmup_cosine
 from kpca.vision_cls.data import VisionData
 from kpca.vision_cls.evaluation import RobustnessEvaluator
+
+
+def check_mixup_batch(global_batch: int, world_size: int, mixup_alpha: float, cutmix_alpha: float) -> None:
+    """Raise :class:`OptionError` if Mixup / CutMix would get an odd per-device batch, naming the numbers and the fix.
+
+    timm's ``Mixup`` mixes each image with its mirror in the batch and asserts an even batch. Every training batch
+    has the per-device size ``global_batch / world_size``: the training loaders drop the last partial batch.
+
+    Args:
+        global_batch: ``data.batch_size``, summed over the ``world_size`` processes (devices × nodes).
+        world_size: number of processes.
+        mixup_alpha: ``model.mixup_alpha``, named in the error.
+        cutmix_alpha: ``model.cutmix_alpha``, named in the error.
+    """
+    per_device = global_batch // world_size
+    if per_device % 2 == 0:
+        return
+    step = 2 * world_size
+    lower = global_batch // step * step
+    nearest = " or ".join(str(size) for size in (lower, lower + step) if size)
+    raise OptionError(
+        f"Mixup / CutMix (model.mixup_alpha={mixup_alpha}, model.cutmix_alpha={cutmix_alpha}) pairs the images of "
+        f"each device's batch, so that batch must be even, but data.batch_size={global_batch} over {world_size} "
+        f"device(s) (devices × nodes) gives {per_device} per device. Set data.batch_size to a multiple of {step} "
+        f"(an even batch on each device), e.g. {nearest}, or train without mixing: model.mixup_alpha=0 and "
+        "model.cutmix_alpha=0."
+    )
 
 
 class ClassificationModule(NetModule):
@@ -83,6 +113,13 @@ class ClassificationModule(NetModule):
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
         self.val_ema_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_loss = MeanMetric()  # weighted by images: DDP ranks with unequal shards average correctly
+
+    def setup(self, stage: str) -> None:
+        """Before a fit's loaders start, refuse a per-device batch that Mixup / CutMix cannot pair."""
+        super().setup(stage)
+        if stage == "fit" and self.mixup is not None:
+            hparams = self.hparams
+            check_mixup_batch(self.data.batch_size, self.trainer.world_size, hparams.mixup_alpha, hparams.cutmix_alpha)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) pixel images in [0, 1] -> (B, K) logits."""
@@ -156,7 +193,9 @@ class ClassificationModule(NetModule):
                 group["lr"] *= global_batch / reference
         total = max(int(self.trainer.estimated_stepping_batches), 1)  # honours max_steps and max_epochs
         steps_per_epoch = self.trainer.num_training_batches / self.trainer.accumulate_grad_batches
-        warmup = min(int(self.hparams.warmup_epochs * steps_per_epoch), total)
+        warmup = 0  # without training batches (trainer.limit_train_batches=0) there is no epoch length and no step
+        if math.isfinite(steps_per_epoch):
+            warmup = min(int(self.hparams.warmup_epochs * steps_per_epoch), total)
         peak_lr = optimizer.param_groups[0]["lr"]
         start, floor = (self.hparams.warmup_lr / peak_lr, self.hparams.min_lr / peak_lr) if peak_lr > 0 else (0.0, 0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warmup, start, floor))
