@@ -47,10 +47,15 @@ def test_an_odd_batch_with_mixup_is_refused_with_the_batch_sizes_that_work(tmp_p
 
 
 @pytest.mark.slow
-def test_an_even_batch_with_mixup_trains(tmp_path: Path, digits_cache_dir: Path):
+def test_an_even_batch_with_mixup_trains_in_the_version_folder_a_refused_start_left_free(
+    tmp_path: Path, digits_cache_dir: Path
+):
+    refusal(fit(tmp_path, digits_cache_dir, "--data.batch_size=15"), tmp_path)
+    logs = tmp_path / "runs" / "lightning_logs"
+    assert not list(logs.iterdir())  # the refused start removed the version_0 it had created
     done = fit(tmp_path, digits_cache_dir, "--data.batch_size=14")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "last.ckpt" in checkpoints(tmp_path)
+    assert (logs / "version_0" / "checkpoints" / "last.ckpt").is_file()  # the docs' commands assume version_0
 
 
 @pytest.mark.slow

@@ -298,15 +298,15 @@ class ProjectCLI(LightningCLI):
             return
         folder = _run_folder(self.trainer) if self.trainer.global_rank == 0 else None
         new_folder = folder is not None and not folder.exists()
-        with ExitStack() as locks:
-            if subcommand == "fit" and self.trainer.global_rank == 0 and not self.trainer.fast_dev_run:
-                self._lock_run(locks)
-            try:
+        try:
+            with ExitStack() as locks:
+                if subcommand == "fit" and self.trainer.global_rank == 0 and not self.trainer.fast_dev_run:
+                    self._lock_run(locks)
                 super()._run_subcommand(subcommand)
-            except BaseException:
-                if new_folder and not _work_started(self.trainer):
-                    _remove_unused_run_folder(folder)
-                raise
+        except BaseException:
+            if new_folder and not _work_started(self.trainer):
+                _remove_unused_run_folder(folder)  # after the locks are released: they live in it
+            raise
         leave_process_group()
 
     def _lock_run(self, locks: ExitStack) -> None:
