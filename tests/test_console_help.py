@@ -86,6 +86,33 @@ def test_app_help_lists_every_subcommand_with_a_line(app, capsys):
         assert re.search(rf"^\s+{re.escape(name)}\s+\S", listed, re.M), f"{name} is not listed with its help:\n{listed}"
 
 
+def listed_subcommands(text: str) -> dict[str, str]:
+    """Each subcommand of a help's ``Available subcommands:`` list with its description, wrapped lines joined."""
+    listed: dict[str, str] = {}
+    name = None
+    for line in section(text, "Available subcommands:").splitlines():
+        entry = re.match(r" {4}(\S+)\s+(.+)", line)
+        if entry:
+            name, listed[entry[1]] = entry[1], entry[2]
+        elif name is not None:
+            listed[name] += f" {line.strip()}"
+    return listed
+
+
+def test_app_help_describes_each_subcommand_in_whole_sentences(app, capsys):
+    """Each subcommand's line is the whole first paragraph of its Trainer method's docstring, not its first line.
+
+    LightningCLI takes the first line, which ends mid-sentence where the paragraph wraps (Lightning's test, predict).
+    """
+    trainer = type(app_cli(app)).trainer_type
+    listed = listed_subcommands(app_help(app, ["--help"], capsys))
+    assert sorted(listed) == sorted(type(app_cli(app)).subcommands())
+    for name, description in listed.items():
+        first_paragraph = inspect.getdoc(getattr(trainer, name)).split("\n\n")[0]
+        assert description.endswith("."), (name, description)
+        assert description == flat(plain_text(first_paragraph)), name
+
+
 def test_app_help_has_no_raw_markup(app, capsys):
     """The description and the subcommands' lines (from the Trainer's docstrings) read as plain text."""
     out = app_help(app, ["--help"], capsys)

@@ -3,12 +3,14 @@
 jsonargparse takes each option's help from the docstring of the class it configures, Lightning's and ours, which spell
 code as ``value`` and cross-references as :class:`~package.Name`. :class:`PlainHelpFormatter` prints them as a terminal
 reader expects: ``value`` as 'value' (a quoted string as it is), a cross-reference as its last name (a module as its
-full name), in group titles, descriptions and option help alike.
+full name), in group titles, descriptions and option help alike. :func:`whole_summary` keeps a subcommand's one-line
+description from ending mid-sentence.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 
 from jsonargparse import DefaultHelpFormatter
@@ -21,6 +23,17 @@ def plain_text(text: str) -> str:
     """``text`` with reStructuredText roles and inline literals made plain (see the module docstring)."""
     text = _ROLE.sub(_role_text, text)
     return _LITERAL.sub(_quoted, text)
+
+
+def whole_summary(docstring: str) -> str:
+    """``docstring`` with its first paragraph on one line.
+
+    LightningCLI describes a subcommand (in ``--help``'s list, as the subcommand's description and as its options'
+    title) by the first line of the docstring of the Trainer method it runs, docstring_parser's short description;
+    where the first paragraph wraps, as in Lightning's ``test`` and ``predict``, that line ends mid-sentence.
+    """
+    summary, _, rest = inspect.cleandoc(docstring).partition("\n\n")
+    return f"{' '.join(summary.split())}\n\n{rest}"
 
 
 def _role_text(match: re.Match) -> str:

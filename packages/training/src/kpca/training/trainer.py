@@ -2,15 +2,19 @@
 
 LightningCLI builds one subcommand per Trainer method it is told about, with the method's arguments
 as flags, so ``analyze`` lives here and every app's command gets ``<app> analyze -c ... --ckpt_path ...``;
-likewise ``<app> check-data -c ...`` (:meth:`ProjectTrainer.check_data`).
+likewise ``<app> check-data -c ...`` (:meth:`ProjectTrainer.check_data`). Building one silences the console messages
+no user can act on (:mod:`kpca.training.quiet`), and ``validate``, ``test`` and ``predict`` are Lightning's with a whole
+one-line summary (:func:`~kpca.training.help_text.whole_summary`), run without the moved-checkpoint-folder notice.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -20,6 +24,8 @@ from kpca.training.analysis import analyze_network, network_inputs, write_analys
 from kpca.training.checkpointing.weights import load_checkpoint_weights
 from kpca.training.data_checks.check_data import DataCheckResult, run_data_check
 from kpca.training.data_checks.problems import format_problems
+from kpca.training.help_text import whole_summary
+from kpca.training.quiet import evaluation_quiet, quiet_known_noise
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +33,33 @@ CHECK_DATA = "check-data"
 """The subcommand that runs :meth:`ProjectTrainer.check_data`."""
 
 
+def _evaluation(method: Callable) -> Callable:
+    """Lightning's ``validate``, ``test`` or ``predict`` run under :func:`~kpca.training.quiet.evaluation_quiet`.
+
+    Its docstring is Lightning's with the first paragraph on one line (:func:`~kpca.training.help_text.whole_summary`):
+    the subcommand's description in ``--help``.
+    """
+
+    @functools.wraps(method)
+    def evaluate(self: pl.Trainer, *args: Any, **kwargs: Any) -> Any:
+        with evaluation_quiet():
+            return method(self, *args, **kwargs)
+
+    evaluate.__doc__ = whole_summary(method.__doc__)
+    return evaluate
+
+
 class ProjectTrainer(pl.Trainer):
     """Lightning's Trainer with two more subcommands, analyze (kernel-PCA diagnostics) and check-data."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Lightning's Trainer, built after :func:`~kpca.training.quiet.quiet_known_noise` (its __init__ logs one)."""
+        quiet_known_noise()
+        super().__init__(*args, **kwargs)
+
+    validate = _evaluation(pl.Trainer.validate)
+    test = _evaluation(pl.Trainer.test)
+    predict = _evaluation(pl.Trainer.predict)
 
     @staticmethod
     def check_data(
