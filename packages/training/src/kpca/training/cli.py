@@ -49,7 +49,7 @@ from kpca.training.callbacks import (
 )
 from kpca.training.checkpointing.callback import Checkpoint
 from kpca.training.checkpointing.io import remove_leftover_writes
-from kpca.training.checkpointing.origin import app_of, check_origin
+from kpca.training.checkpointing.origin import app_command, app_of, check_origin
 from kpca.training.checkpointing.resume import check_checkpoint, find_resume
 from kpca.training.checkpointing.trained_options import (
     OptionDifference,
@@ -162,7 +162,7 @@ class ProjectCLI(LightningCLI):
             trainer_class=self.trainer_type,
             trainer_defaults={"plugins": [{"class_path": CHECKPOINT_IO}]},
             save_config_kwargs={"overwrite": True},
-            parser_kwargs={"description": self.description},
+            parser_kwargs={"description": self.description, **_prog(model_class)},
         )
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -419,6 +419,12 @@ class ProjectCLI(LightningCLI):
         except yaml.YAMLError:
             return False
         return isinstance(saved, dict) and self._comparable(saved) == current
+
+
+def _prog(model_class: type) -> dict[str, str]:
+    """The command's name in help and errors (``vision-cls``, also under ``python -m kpca.vision_cls``), if an app's."""
+    app = app_of(model_class)
+    return {"prog": app_command(app)} if app is not None else {}
 
 
 def leave_process_group() -> None:
