@@ -19,7 +19,7 @@ spelling that replaced ``data.backend``, ``data.worker_transform`` and ``data.de
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice, choices
@@ -27,31 +27,40 @@ from kpca.vision_cls.input.dali_rand_augment import parse_rand_augment
 
 InputPath = Literal["turbo", "timm", "dali"]
 AugmentOn = Literal["device", "workers", "device_randaugment"]
+T = TypeVar("T")
 
-INPUT_PATHS: dict[str, str] = dict(
-    zip(
-        choices(InputPath),
-        (
-            "DataLoader workers, libjpeg-turbo decode and torch crop/resize",
-            "DataLoader workers, timm's PIL transform exactly",
-            "NVIDIA DALI",
-        ),
-        strict=True,
-    )
+
+def keyed_by_choices(choice_type: object, table: dict[str, T]) -> dict[str, T]:
+    """``table`` in the order of ``choice_type``'s values, once its keys are checked to be exactly those values.
+
+    Raises:
+        TypeError: A value of the ``Literal`` without an entry, or an entry for no value (a table and its ``Literal``
+            that drifted apart).
+    """
+    names = choices(choice_type)
+    if set(table) != set(names):
+        raise TypeError(f"the table's keys {sorted(table)} are not the values of {choice_type} ({list(names)})")
+    return {name: table[name] for name in names}
+
+
+INPUT_PATHS: dict[str, str] = keyed_by_choices(
+    InputPath,
+    {
+        "turbo": "DataLoader workers, libjpeg-turbo decode and torch crop/resize",
+        "timm": "DataLoader workers, timm's PIL transform exactly",
+        "dali": "NVIDIA DALI",
+    },
 )
-"""What each :data:`InputPath` runs (the descriptions in the Literal's order), for the error refusing another."""
-AUGMENT_ON: dict[str, str] = dict(
-    zip(
-        choices(AugmentOn),
-        (
-            "float conversion and random erasing batched on the device",
-            "float conversion and random erasing per image in the DataLoader workers",
-            "RandAugment, float conversion and random erasing batched on the device",
-        ),
-        strict=True,
-    )
+"""What each :data:`InputPath` runs, for the error refusing another."""
+AUGMENT_ON: dict[str, str] = keyed_by_choices(
+    AugmentOn,
+    {
+        "device": "float conversion and random erasing batched on the device",
+        "workers": "float conversion and random erasing per image in the DataLoader workers",
+        "device_randaugment": "RandAugment, float conversion and random erasing batched on the device",
+    },
 )
-"""Where each :data:`AugmentOn` finishes the transform (the descriptions in the Literal's order)."""
+"""Where each :data:`AugmentOn` finishes the transform."""
 UINT8_LOADER: tuple[str, ...] = ("device", "device_randaugment")
 """The ``augment_on`` values whose training loader hands over uint8 images, finished on the device."""
 WORKER_PATHS = "data.input=turbo (the default) or data.input=timm"
