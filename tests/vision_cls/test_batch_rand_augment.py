@@ -102,11 +102,11 @@ def test_blends_are_the_float64_blend_within_one_level(images: np.ndarray):
 # ---- geometric ops: Pillow's AFFINE ----------------------------------------------------------------------------
 
 GEOMETRIC = [
-    ("rotate", bra.rotate_matrix, timm_aa.rotate, [-30.0, -12.3, 0.0, 7.0, 27.3]),
-    ("shear_x", bra.shear_x_matrix, timm_aa.shear_x, [-0.3, -0.11, 0.2, 0.27]),
-    ("shear_y", bra.shear_y_matrix, timm_aa.shear_y, [-0.27, 0.05, 0.3]),
-    ("translate_x_rel", bra.translate_x_rel_matrix, timm_aa.translate_x_rel, [-0.45, -0.2, 0.0, 0.125, 0.405]),
-    ("translate_y_rel", bra.translate_y_rel_matrix, timm_aa.translate_y_rel, [-0.405, 0.1, 0.3]),
+    ("rotate", bra.MATRIX_OPS["Rotate"], timm_aa.rotate, [-30.0, -12.3, 0.0, 7.0, 27.3]),
+    ("shear_x", bra.MATRIX_OPS["ShearX"], timm_aa.shear_x, [-0.3, -0.11, 0.2, 0.27]),
+    ("shear_y", bra.MATRIX_OPS["ShearY"], timm_aa.shear_y, [-0.27, 0.05, 0.3]),
+    ("translate_x_rel", bra.MATRIX_OPS["TranslateXRel"], timm_aa.translate_x_rel, [-0.45, -0.2, 0.0, 0.125, 0.405]),
+    ("translate_y_rel", bra.MATRIX_OPS["TranslateYRel"], timm_aa.translate_y_rel, [-0.405, 0.1, 0.3]),
 ]
 RESAMPLE = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
@@ -161,20 +161,6 @@ def test_policy_is_timms(config: str):
     assert ours.num_layers == timms.num_layers
     assert ours.resamples == ("bicubic",)
     assert ours.fill.tolist() == list(FILL)
-
-
-@pytest.mark.parametrize("name", sorted(bra.OP_KINDS))
-def test_level_functions_are_timms(name: str, monkeypatch):
-    hparams = {**timm_train_hparams(), "translate_pct": 0.4}
-    magnitudes = torch.linspace(0, 10, 401, dtype=torch.float64)
-    level = timm_aa.LEVEL_TO_ARG[name]
-    expected = {}
-    for negate in (False, True):
-        monkeypatch.setattr(timm_aa, "_randomly_negate", lambda v, n=negate: -v if n else v)
-        expected[negate] = [level(m, hparams)[0] if level else 0.0 for m in magnitudes.tolist()]
-        ours = bra.OP_KINDS[name].level(magnitudes, torch.full_like(magnitudes, negate, dtype=torch.bool), hparams)
-        assert ours.tolist() == expected[negate], name
-    assert bra.OP_KINDS[name].negates == (expected[False] != expected[True]), name
 
 
 def test_unsupported_ops_are_refused():

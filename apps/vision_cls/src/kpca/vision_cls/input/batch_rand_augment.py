@@ -48,121 +48,37 @@ Legend: B batch, L layers (ops per image), N images that drew one op, C channels
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 
+import numpy as np
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN
 from timm.data import auto_augment as timm_aa
-from timm.data.transforms import _pil_interpolation_to_str, str_to_pil_interp
+from timm.data.transforms import _pil_interpolation_to_str
 from torch import Tensor
 
 from kpca.attention.errors import OptionError
+from kpca.vision_cls.input.policy import (
+    AFFINE,
+    LEVEL_DENOM,
+    LUMA_ROUND,
+    LUMA_SHIFT,
+    LUMA_WEIGHTS,
+    SMOOTH,
+    arguments,
+    cubic,
+    linear,
+    timm_train_hparams,
+)
 
 PixelOp = Callable[[Tensor, Tensor], Tensor]  # (N, C, H, W) uint8, (N,) float64 argument -> (N, C, H, W) uint8
 MatrixOp = Callable[[Tensor, int, int], Tensor]  # (N,) float64 argument, H, W -> (N, 6) float64 Pillow coefficients
-Level = Callable[[Tensor, Tensor, dict], Tensor]  # (...) magnitude, (...) negate, hparams -> (...) float64 argument
-
-# Pillow's luma weights and rounding (ITU-R 601-2 in 16-bit fixed point, ``Convert.c``'s L24).
-_LUMA_WEIGHTS = (19595, 38470, 7471)
-_LUMA_ROUND = 1 << 15
-_LUMA_SHIFT = 16
-# ImageFilter.SMOOTH over its scale, as float32 like Pillow's kernel.
-_SMOOTH_SIDE = (torch.tensor(1.0) / 13.0).item()
-_SMOOTH_CENTRE = (torch.tensor(5.0) / 13.0).item()
 
 
-def timm_train_hparams(
-    img_size: int | Sequence[int] = 224,
-    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
-    interpolation: str = "bicubic",
-) -> dict:
-    """The hparams timm's ``transforms_imagenet_train`` passes to ``rand_augment_transform`` (DeiT's defaults).
-
-    ``translate_const`` is 45 % of the shorter side, ``img_mean`` the mean in 0-255 rounded, and the
-    interpolation is fixed unless ``"random"`` (then timm picks bilinear or bicubic per geometric op).
-    """
-    size_min = min(img_size) if isinstance(img_size, Sequence) else img_size
-    hparams = {"translate_const": int(size_min * 0.45), "img_mean": tuple(min(255, round(255 * x)) for x in mean)}
-    if interpolation and interpolation != "random":
-        hparams["interpolation"] = str_to_pil_interp(interpolation)
-    return hparams
-
-
-# ---- level -> argument: timm's LEVEL_TO_ARG in float64, the sign drawn outside --------------------------------------
-
-
-def _true_divide(numerator: Tensor, denominator: Tensor | float) -> Tensor:
-    """``numerator / denominator`` rounded once, as Python divides; a scalar denominator becomes a full tensor.
-
-    torch computes ``scalar / tensor`` as ``reciprocal(tensor) * scalar`` and, on CUDA, ``tensor / scalar`` as
-    ``tensor * (1 / scalar)``: a second rounding, enough to move a truncation by one level.
-    """
-    if not isinstance(denominator, Tensor):
-        denominator = torch.full_like(numerator, denominator)
-    return numerator.div(denominator)
-
-
-def _fraction(magnitude: Tensor) -> Tensor:
-    """``level / _LEVEL_DENOM``, timm's first step of every level function."""
-    return _true_divide(magnitude, timm_aa._LEVEL_DENOM)
-
-
-def _signed(value: Tensor, negate: Tensor) -> Tensor:
-    """As timm's ``_randomly_negate`` with its coin already drawn: ``-value`` where ``negate``."""
-    return torch.where(negate, -value, value)
-
-
-def _rotate_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return _signed(_fraction(magnitude) * 30.0, negate)
-
-
-def _shear_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return _signed(_fraction(magnitude) * 0.3, negate)
-
-
-def _translate_abs_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return _signed(_fraction(magnitude) * float(hparams["translate_const"]), negate)
-
-
-def _translate_rel_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return _signed(_fraction(magnitude) * hparams.get("translate_pct", 0.45), negate)
-
-
-def _enhance_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return _fraction(magnitude) * 1.8 + 0.1
-
-
-def _enhance_increasing_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return (1.0 + _signed(_fraction(magnitude) * 0.9, negate)).clamp(min=0.1)
-
-
-def _posterize_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return (_fraction(magnitude) * 4).trunc()
-
-
-def _posterize_increasing_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return 4 - _posterize_level(magnitude, negate, hparams)
-
-
-def _posterize_original_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return _posterize_level(magnitude, negate, hparams) + 4
-
-
-def _solarize_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return (_fraction(magnitude) * 256).trunc().clamp(max=256)
-
-
-def _solarize_increasing_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return 256 - _solarize_level(magnitude, negate, hparams)
-
-
-def _solarize_add_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return (_fraction(magnitude) * 110).trunc().clamp(max=128)
-
-
-def _no_level(magnitude: Tensor, negate: Tensor, hparams: dict) -> Tensor:
-    return torch.zeros_like(magnitude)
+def _true_divide(numerator: Tensor, denominator: float) -> Tensor:
+    """``numerator / denominator`` rounded once, as Python divides (on CUDA ``tensor / scalar`` rounds twice)."""
+    return numerator.div(torch.full_like(numerator, denominator))
 
 
 # ---- pixel ops on (N, C, H, W) uint8 -----------------------------------------------------------------------------
@@ -207,7 +123,7 @@ def auto_contrast(images: Tensor, arg: Tensor | None = None) -> Tensor:
     low = images.amin(dim=(2, 3)).double()  # (N, C)
     high = images.amax(dim=(2, 3)).double()  # (N, C)
     stretch = high > low  # (N, C)
-    scale = _true_divide(torch.full_like(low, 255.0), torch.where(stretch, high - low, 1.0))  # (N, C)
+    scale = torch.full_like(low, 255.0).div(torch.where(stretch, high - low, 1.0))  # (N, C)
     offset = -low * scale  # (N, C)
     levels = torch.arange(256, dtype=torch.float64, device=images.device)  # (256,)
     lut = (levels * scale[..., None] + offset[..., None]).trunc().clamp(0, 255)  # (N, C, 256)
@@ -254,8 +170,8 @@ def _blend(degenerate: Tensor, images: Tensor, factor: Tensor) -> Tensor:
 
 def _luma(images: Tensor) -> Tensor:
     """Pillow's ``convert("L")``: (N, C, H, W) uint8 -> (N, 1, H, W) int32."""
-    weights = torch.tensor(_LUMA_WEIGHTS, dtype=torch.int32, device=images.device).view(1, 3, 1, 1)
-    return ((images.int() * weights).sum(dim=1, keepdim=True) + _LUMA_ROUND) >> _LUMA_SHIFT
+    weights = torch.tensor(LUMA_WEIGHTS, dtype=torch.int32, device=images.device).view(1, 3, 1, 1)
+    return ((images.int() * weights).sum(dim=1, keepdim=True) + LUMA_ROUND) >> LUMA_SHIFT
 
 
 def color(images: Tensor, factor: Tensor) -> Tensor:
@@ -276,9 +192,10 @@ def brightness(images: Tensor, factor: Tensor) -> Tensor:
     return _blend(torch.zeros((), dtype=torch.uint8, device=images.device), images, factor)
 
 
-def _smooth_rows(rows: Tensor, centre: float) -> Tensor:
+def _smooth_row(rows: Tensor, weights: np.ndarray) -> Tensor:
     """One row of the 3 x 3 SMOOTH kernel in Pillow's float32 order: (N, C, h, W) -> (N, C, h, W - 2)."""
-    return rows[..., :-2] * _SMOOTH_SIDE + rows[..., 1:-1] * centre + rows[..., 2:] * _SMOOTH_SIDE
+    left, middle, right = (float(weight) for weight in weights)
+    return rows[..., :-2] * left + rows[..., 1:-1] * middle + rows[..., 2:] * right
 
 
 def smooth(images: Tensor) -> Tensor:
@@ -290,9 +207,9 @@ def smooth(images: Tensor) -> Tensor:
     if images.shape[2] < 3 or images.shape[3] < 3:
         return images.clone()
     source = images.float()  # (N, C, H, W)
-    total = _smooth_rows(source[:, :, 2:], _SMOOTH_SIDE) + 0.5  # (N, C, H - 2, W - 2)
-    total = total + _smooth_rows(source[:, :, 1:-1], _SMOOTH_CENTRE)
-    total = total + _smooth_rows(source[:, :, :-2], _SMOOTH_SIDE)
+    total = _smooth_row(source[:, :, 2:], SMOOTH[2]) + 0.5  # (N, C, H - 2, W - 2)
+    total = total + _smooth_row(source[:, :, 1:-1], SMOOTH[1])
+    total = total + _smooth_row(source[:, :, :-2], SMOOTH[0])
     out = images.clone()
     out[:, :, 1:-1, 1:-1] = total.clamp(0, 255).to(torch.uint8)
     return out
@@ -319,42 +236,11 @@ def rotate_matrix(degrees: Tensor, height: int, width: int) -> Tensor:
     return torch.stack([cos, sin, c, -sin, cos, f], dim=1)
 
 
-def _matrix(n: int, like: Tensor, **coefficients: Tensor | float) -> Tensor:
-    """An (N, 6) float64 identity matrix with some of a0..a5 replaced."""
-    matrix = torch.tensor([1.0, 0, 0, 0, 1.0, 0], dtype=torch.float64, device=like.device).repeat(n, 1)  # (N, 6)
-    for name, value in coefficients.items():
-        matrix[:, int(name[1])] = value
-    return matrix
-
-
-def shear_x_matrix(factor: Tensor, height: int, width: int) -> Tensor:
-    """As timm's ``shear_x``: ``(1, factor, 0, 0, 1, 0)``, (N,) -> (N, 6)."""
-    return _matrix(len(factor), factor, a1=factor)
-
-
-def shear_y_matrix(factor: Tensor, height: int, width: int) -> Tensor:
-    """As timm's ``shear_y``: ``(1, 0, 0, factor, 1, 0)``, (N,) -> (N, 6)."""
-    return _matrix(len(factor), factor, a3=factor)
-
-
-def translate_x_matrix(pixels: Tensor, height: int, width: int) -> Tensor:
-    """As timm's ``translate_x_abs``: ``(1, 0, pixels, 0, 1, 0)``, (N,) -> (N, 6)."""
-    return _matrix(len(pixels), pixels, a2=pixels)
-
-
-def translate_y_matrix(pixels: Tensor, height: int, width: int) -> Tensor:
-    """As timm's ``translate_y_abs``: ``(1, 0, 0, 0, 1, pixels)``, (N,) -> (N, 6)."""
-    return _matrix(len(pixels), pixels, a5=pixels)
-
-
-def translate_x_rel_matrix(fraction: Tensor, height: int, width: int) -> Tensor:
-    """As timm's ``translate_x_rel``: ``pixels = fraction * W``, (N,) -> (N, 6)."""
-    return translate_x_matrix(fraction * width, height, width)
-
-
-def translate_y_rel_matrix(fraction: Tensor, height: int, width: int) -> Tensor:
-    """As timm's ``translate_y_rel``: ``pixels = fraction * H``, (N,) -> (N, 6)."""
-    return translate_y_matrix(fraction * height, height, width)
+def affine_matrix(name: str, argument: Tensor, height: int, width: int) -> Tensor:
+    """The coefficients timm's shear or translate op ``name`` hands to Pillow (``policy.AFFINE``): (N,) -> (N, 6)."""
+    coefficients = AFFINE[name](argument, width, height)  # six floats or (N,) float64
+    columns = [c if isinstance(c, Tensor) else torch.full_like(argument, c) for c in coefficients]  # 6 x (N,)
+    return torch.stack(columns, dim=1)  # (N, 6)
 
 
 def _source_points(matrix: Tensor, height: int, width: int) -> tuple[Tensor, Tensor]:
@@ -398,28 +284,11 @@ def _nearest_points(matrix: Tensor, height: int, width: int) -> tuple[Tensor, Te
     return torch.where(scaling, column_scaled, column_fixed), torch.where(scaling, row_scaled, row_fixed)
 
 
-def _cubic(v1: Tensor, v2: Tensor, v3: Tensor, v4: Tensor, d: Tensor) -> Tensor:
-    """Pillow's ``BICUBIC`` macro (a = -1) at fraction ``d`` between v2 and v3, rounded as Pillow's doubles.
-
-    ``p2 = -v1 + v3``, ``p3 = 2 (v1 - v2) + v3 - v4``, ``p4 = -v1 + v2 - v3 + v4``, ``v2 + d (p2 + d (p3 + d p4))``,
-    each step one IEEE operation as in C (``b - a`` equals ``-a + b``); in place to spare memory passes.
-    """
-    p4 = (v2 - v1).sub_(v3).add_(v4)
-    p3 = (v1 - v2).mul_(2).add_(v3).sub_(v4)
-    p2 = v3 - v1
-    return p4.mul_(d).add_(p3).mul_(d).add_(p2).mul_(d).add_(v2)
-
-
-def _linear(v1: Tensor, v2: Tensor, d: Tensor) -> Tensor:
-    """Pillow's ``BILINEAR`` macro: ``v1 + (v2 - v1) * d``."""
-    return (v2 - v1).mul_(d).add_(v1)
-
-
 def _filter(samples: list[Tensor], d: Tensor, mode: str) -> Tensor:
     """Pillow's 1-D filter through ``samples`` at fraction ``d``; one sample (a fraction of 0 everywhere) is exact."""
     if len(samples) == 1:
         return samples[0]
-    return _linear(*samples, d) if mode == "bilinear" else _cubic(*samples, d)
+    return linear(*samples, d) if mode == "bilinear" else cubic(*samples, d)
 
 
 def _taps(start: Tensor, count: int, size: int) -> list[Tensor]:
@@ -472,37 +341,38 @@ def affine(images: Tensor, matrix: Tensor, fill: Tensor, mode: str) -> Tensor:
 # ---- the policy ----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _OpKind:
-    """How to run one of timm's op names: its level function, whether it negates, and its pixels or its matrix."""
-
-    level: Level
-    negates: bool = False
-    pixels: PixelOp | None = None
-    matrix: MatrixOp | None = None
-
-
 _ENHANCE = {"Color": color, "Contrast": contrast, "Brightness": brightness, "Sharpness": sharpness}
-OP_KINDS: dict[str, _OpKind] = {
-    "AutoContrast": _OpKind(_no_level, pixels=auto_contrast),
-    "Equalize": _OpKind(_no_level, pixels=equalize),
-    "Invert": _OpKind(_no_level, pixels=invert),
-    "Posterize": _OpKind(_posterize_level, pixels=posterize),
-    "PosterizeIncreasing": _OpKind(_posterize_increasing_level, pixels=posterize),
-    "PosterizeOriginal": _OpKind(_posterize_original_level, pixels=posterize),
-    "Solarize": _OpKind(_solarize_level, pixels=solarize),
-    "SolarizeIncreasing": _OpKind(_solarize_increasing_level, pixels=solarize),
-    "SolarizeAdd": _OpKind(_solarize_add_level, pixels=solarize_add),
-    **{name: _OpKind(_enhance_level, pixels=op) for name, op in _ENHANCE.items()},
-    **{f"{name}Increasing": _OpKind(_enhance_increasing_level, True, op) for name, op in _ENHANCE.items()},
-    "Rotate": _OpKind(_rotate_level, True, matrix=rotate_matrix),
-    "ShearX": _OpKind(_shear_level, True, matrix=shear_x_matrix),
-    "ShearY": _OpKind(_shear_level, True, matrix=shear_y_matrix),
-    "TranslateX": _OpKind(_translate_abs_level, True, matrix=translate_x_matrix),
-    "TranslateY": _OpKind(_translate_abs_level, True, matrix=translate_y_matrix),
-    "TranslateXRel": _OpKind(_translate_rel_level, True, matrix=translate_x_rel_matrix),
-    "TranslateYRel": _OpKind(_translate_rel_level, True, matrix=translate_y_rel_matrix),
+PIXEL_OPS: dict[str, PixelOp] = {
+    "AutoContrast": auto_contrast,
+    "Equalize": equalize,
+    "Invert": invert,
+    "Posterize": posterize,
+    "PosterizeIncreasing": posterize,
+    "PosterizeOriginal": posterize,
+    "Solarize": solarize,
+    "SolarizeIncreasing": solarize,
+    "SolarizeAdd": solarize_add,
+    **{name + increasing: op for name, op in _ENHANCE.items() for increasing in ("", "Increasing")},
 }
+"""The pixels of each of timm's op names that maps pixel values or blends."""
+MATRIX_OPS: dict[str, MatrixOp] = {"Rotate": rotate_matrix, **{name: partial(affine_matrix, name) for name in AFFINE}}
+"""The Pillow coefficients of each of timm's geometric op names, resampled by :func:`affine`."""
+
+
+def run_op(name: str, images: Tensor, argument: Tensor, fill: Tensor, mode: str) -> Tensor:
+    """Run timm's op ``name`` at each image's argument as Pillow does: (N, C, H, W) uint8 -> (N, C, H, W) uint8.
+
+    Args:
+        name: timm's op name (a key of :data:`PIXEL_OPS` or :data:`MATRIX_OPS`).
+        images: (N, C, H, W) uint8.
+        argument: (N,) float64, the op's argument (:func:`kpca.vision_cls.input.policy.arguments`).
+        fill: (C,) uint8 colour of the pixels a geometric op uncovers.
+        mode: The resampling of a geometric op: ``"nearest"``, ``"bilinear"`` or ``"bicubic"``.
+    """
+    if name in PIXEL_OPS:
+        return PIXEL_OPS[name](images, argument)
+    matrix = MATRIX_OPS[name](argument, images.shape[2], images.shape[3])  # (N, 6)
+    return affine(images, matrix, fill, mode)
 
 
 @dataclass(frozen=True)
@@ -546,7 +416,7 @@ class BatchRandAugment:
     def __init__(self, config_str: str, hparams: dict | None = None) -> None:
         hparams = dict(timm_train_hparams() if hparams is None else hparams)
         policy = timm_aa.rand_augment_transform(config_str, dict(hparams))
-        unsupported = sorted({op.name for op in policy.ops} - OP_KINDS.keys())
+        unsupported = sorted({op.name for op in policy.ops} - PIXEL_OPS.keys() - MATRIX_OPS.keys())
         if unsupported:
             raise OptionError(f"BatchRandAugment has no batched {unsupported} (config {config_str!r}).")
         self.names = tuple(op.name for op in policy.ops)
@@ -556,7 +426,7 @@ class BatchRandAugment:
         self._prob = torch.tensor([op.prob for op in policy.ops], dtype=torch.float64)  # (K,)
         self._magnitude = torch.tensor([float(op.magnitude) for op in policy.ops], dtype=torch.float64)  # (K,)
         self._std = torch.tensor([float(op.magnitude_std) for op in policy.ops], dtype=torch.float64)  # (K,)
-        upper = [op.magnitude_max or timm_aa._LEVEL_DENOM for op in policy.ops]  # timm's `magnitude_max or 10`
+        upper = [op.magnitude_max or LEVEL_DENOM for op in policy.ops]  # timm's `magnitude_max or 10`
         self._upper = torch.tensor(upper, dtype=torch.float64)  # (K,)
         kwargs = policy.ops[0].kwargs
         self.fill = torch.tensor(kwargs["fillcolor"], dtype=torch.uint8)  # (C,)
@@ -617,10 +487,10 @@ class BatchRandAugment:
         return torch.minimum(magnitude, upper).clamp(min=0.0)
 
     def _arguments(self, op: Tensor, magnitude: Tensor, negate: Tensor) -> Tensor:
-        """(B, L) op arguments through each op's level function."""
+        """(B, L) op arguments through each op's level function (:func:`kpca.vision_cls.input.policy.arguments`)."""
         argument = torch.zeros_like(magnitude)
         for index, name in enumerate(self.names):
-            argument = torch.where(op == index, OP_KINDS[name].level(magnitude, negate, self.hparams), argument)
+            argument = torch.where(op == index, arguments(name, magnitude, negate, self.hparams), argument)
         return argument
 
     def apply(self, images: Tensor, draws: RandAugmentDraws) -> Tensor:
@@ -634,20 +504,18 @@ class BatchRandAugment:
                 rows = ((draws.op[:, layer] == index) & draws.applied[:, layer]).nonzero().squeeze(1)  # (N,)
                 if len(rows):
                     argument, resample = draws.argument[rows, layer], draws.resample[rows, layer]  # (N,)
-                    out[rows] = self._run(OP_KINDS[name], out[rows], argument, resample, fill)
+                    out[rows] = self._run(name, out[rows], argument, resample, fill)
         return out
 
-    def _run(self, kind: _OpKind, images: Tensor, argument: Tensor, resample: Tensor, fill: Tensor) -> Tensor:
-        """One op kind on the N images that drew it: (N, C, H, W) uint8 -> (N, C, H, W) uint8."""
-        if kind.pixels is not None:
-            return kind.pixels(images, argument)
-        matrix = kind.matrix(argument, images.shape[2], images.shape[3])  # (N, 6)
+    def _run(self, name: str, images: Tensor, argument: Tensor, resample: Tensor, fill: Tensor) -> Tensor:
+        """Op ``name`` on the N images that drew it, each with its resampling: (N, C, H, W) uint8 -> same."""
         if len(self.resamples) == 1:
-            return affine(images, matrix, fill, self.resamples[0])
+            return run_op(name, images, argument, fill, self.resamples[0])
         out = torch.empty_like(images)
         for code, mode in enumerate(self.resamples):
             rows = (resample == code).nonzero().squeeze(1)  # (n,)
-            out[rows] = affine(images[rows], matrix[rows], fill, mode)
+            if len(rows):
+                out[rows] = run_op(name, images[rows], argument[rows], fill, mode)
         return out
 
     def __call__(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:

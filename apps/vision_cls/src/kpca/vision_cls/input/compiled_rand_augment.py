@@ -21,37 +21,14 @@ from timm.data import auto_augment as timm_ops
 from timm.data.auto_augment import RandAugment
 
 from kpca.vision_cls.input.pil_kernels import Matrix, affine_bicubic, blend, rotation_matrix, smooth
+from kpca.vision_cls.input.policy import AFFINE
 
 
-def _shear_x(image: Image.Image, factor: float) -> Matrix:
-    return 1, factor, 0, 0, 1, 0
-
-
-def _shear_y(image: Image.Image, factor: float) -> Matrix:
-    return 1, 0, 0, factor, 1, 0
-
-
-def _translate_x_rel(image: Image.Image, fraction: float) -> Matrix:
-    return 1, 0, fraction * image.size[0], 0, 1, 0
-
-
-def _translate_y_rel(image: Image.Image, fraction: float) -> Matrix:
-    return 1, 0, 0, 0, 1, fraction * image.size[1]
-
-
-def _translate_x_abs(image: Image.Image, pixels: float) -> Matrix:
-    return 1, 0, pixels, 0, 1, 0
-
-
-def _translate_y_abs(image: Image.Image, pixels: float) -> Matrix:
-    return 1, 0, 0, 0, 1, pixels
-
-
-def _rotate(image: Image.Image, degrees: float) -> Matrix | None:
+def _rotate(degrees: float, width: int, height: int) -> Matrix | None:
     """``Image.rotate``'s matrix, or None where Pillow transposes instead (multiples of 90 degrees but 0)."""
     if degrees % 360.0 in (90.0, 180.0, 270.0):
         return None
-    return rotation_matrix(*image.size, degrees)
+    return rotation_matrix(width, height, degrees)
 
 
 class CompiledGeometricOp:
@@ -59,11 +36,11 @@ class CompiledGeometricOp:
 
     Args:
         timm_op: timm's function, e.g. ``timm.data.auto_augment.shear_x``; called for every other case.
-        matrix: The affine coefficients timm's function hands to Pillow, for an image and the op's level; None
-            leaves the image to ``timm_op``.
+        matrix: The affine coefficients timm's function hands to Pillow, from the op's argument and the image's
+            width and height (:data:`kpca.vision_cls.input.policy.AFFINE`); None leaves the image to ``timm_op``.
     """
 
-    def __init__(self, timm_op: Callable, matrix: Callable[[Image.Image, float], Matrix | None]) -> None:
+    def __init__(self, timm_op: Callable, matrix: Callable[[float, int, int], Matrix | None]) -> None:
         self.timm_op = timm_op
         self.matrix = matrix
 
@@ -73,7 +50,7 @@ class CompiledGeometricOp:
         if isinstance(resample, (list, tuple)):  # timm's _interpolation: one draw from Python's random
             resample = random.choice(resample)
         fill = kwargs.get("fillcolor")
-        matrix = self.matrix(image, level)
+        matrix = self.matrix(level, *image.size)
         if resample != Image.BICUBIC or image.mode != "RGB" or not _is_rgb(fill) or matrix is None:
             return self.timm_op(image, level, resample=resample, **kwargs)
         return Image.fromarray(affine_bicubic(np.asarray(image), matrix, fill))
@@ -133,19 +110,22 @@ class CompiledEnhanceOp:
         return f"{type(self).__name__}({self.timm_op.__name__})"
 
 
-COMPILED_OPS = {
-    timm_ops.shear_x: CompiledGeometricOp(timm_ops.shear_x, _shear_x),
-    timm_ops.shear_y: CompiledGeometricOp(timm_ops.shear_y, _shear_y),
-    timm_ops.translate_x_rel: CompiledGeometricOp(timm_ops.translate_x_rel, _translate_x_rel),
-    timm_ops.translate_y_rel: CompiledGeometricOp(timm_ops.translate_y_rel, _translate_y_rel),
-    timm_ops.translate_x_abs: CompiledGeometricOp(timm_ops.translate_x_abs, _translate_x_abs),
-    timm_ops.translate_y_abs: CompiledGeometricOp(timm_ops.translate_y_abs, _translate_y_abs),
-    timm_ops.rotate: CompiledGeometricOp(timm_ops.rotate, _rotate),
-    timm_ops.sharpness: CompiledEnhanceOp(timm_ops.sharpness, _sharpness_degenerate),
-    timm_ops.color: CompiledEnhanceOp(timm_ops.color, _color_degenerate),
-    timm_ops.contrast: CompiledEnhanceOp(timm_ops.contrast, _contrast_degenerate),
-    timm_ops.brightness: CompiledEnhanceOp(timm_ops.brightness, _brightness_degenerate),
+_DEGENERATE = {
+    "Sharpness": _sharpness_degenerate,
+    "Color": _color_degenerate,
+    "Contrast": _contrast_degenerate,
+    "Brightness": _brightness_degenerate,
 }
+COMPILED_OPS: dict[str, CompiledGeometricOp | CompiledEnhanceOp] = {
+    "Rotate": CompiledGeometricOp(timm_ops.rotate, _rotate),
+    **{name: CompiledGeometricOp(timm_ops.NAME_TO_OP[name], matrix) for name, matrix in AFFINE.items()},
+    **{
+        name + increasing: CompiledEnhanceOp(timm_ops.NAME_TO_OP[name], degenerate)
+        for name, degenerate in _DEGENERATE.items()
+        for increasing in ("", "Increasing")
+    },
+}
+"""The compiled op of each timm op name whose pixels Pillow computes slowly."""
 
 
 def with_compiled_ops(augment: RandAugment) -> RandAugment:
@@ -155,9 +135,9 @@ def with_compiled_ops(augment: RandAugment) -> RandAugment:
     """
     ops = []
     for op in augment.ops:
-        if op.aug_fn in COMPILED_OPS:
+        if op.name in COMPILED_OPS:
             op = copy.copy(op)
-            op.aug_fn = COMPILED_OPS[op.aug_fn]
+            op.aug_fn = COMPILED_OPS[op.name]
         ops.append(op)
     compiled = copy.copy(augment)
     compiled.ops = ops

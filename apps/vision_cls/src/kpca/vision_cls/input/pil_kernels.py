@@ -10,7 +10,7 @@ These are the loops behind timm's RandAugment ops, in the same floating-point ar
   [0, 255] and truncated. Where a fraction is exactly 0 (vertically for a shear or translation along x,
   horizontally for one along y) Pillow's cubic returns its second sample exactly, so the kernel skips the other three
   rows or columns: shears and translations run about 3x faster than in Pillow, rotations about 1.5x.
-* :func:`smooth`: ``Image.filter(ImageFilter.SMOOTH)`` (the 3 x 3 kernel 1 1 1 / 1 5 1 / 1 1 1 over 13 in floats,
+* :func:`smooth`: ``Image.filter(ImageFilter.SMOOTH)`` (:data:`kpca.vision_cls.input.policy.SMOOTH` in floats,
   rounded; border pixels copied), the degenerate image of ``ImageEnhance.Sharpness``.
 * :func:`blend`: ``Image.blend(degenerate, image, alpha)``, the last step of every ``ImageEnhance`` class, in float32
   (truncated; clipped when extrapolating).
@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 from kpca.attention.errors import OptionError
+from kpca.vision_cls.input.policy import SMOOTH_CENTRE, SMOOTH_SIDE, cubic
 
 Matrix = tuple[float, float, float, float, float, float]  # Pillow's affine coefficients a0..a5
 
@@ -34,14 +35,9 @@ Matrix = tuple[float, float, float, float, float, float]  # Pillow's affine coef
 FLOAT32 = numba.float32
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _cubic(v1: float, v2: float, v3: float, v4: float, d: float) -> float:  # pragma: no cover - compiled
-    """Pillow's ``BICUBIC`` macro: the a = -1 cubic through v1..v4 at fraction ``d`` between v2 and v3."""
-    p1 = v2
-    p2 = -v1 + v3
-    p3 = 2 * (v1 - v2) + v3 - v4
-    p4 = -v1 + v2 - v3 + v4
-    return p1 + d * (p2 + d * (p3 + d * p4))
+# Pillow's BICUBIC macro and SMOOTH kernel come from the policy module. numba's cache checks the time stamp of this
+# file only, so an edit there recompiles nothing until this file changes too (or the cache is cleared).
+_cubic = numba.njit(cache=True, nogil=True, inline="always")(cubic)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -139,8 +135,7 @@ def rotation_matrix(width: int, height: int, degrees: float) -> Matrix:
 @numba.njit(cache=True, nogil=True)
 def _smooth(source, height, width, out):  # pragma: no cover - compiled
     """Pillow's ``ImagingFilter3x3`` with the SMOOTH kernel on flat RGB ``source`` -> ``out`` (N,) uint8."""
-    side = FLOAT32(1.0) / FLOAT32(13.0)  # Pillow divides the kernel by its scale in float
-    middle = FLOAT32(5.0) / FLOAT32(13.0)
+    side, middle = FLOAT32(SMOOTH_SIDE), FLOAT32(SMOOTH_CENTRE)  # Pillow's kernel over its scale, in float
     stride = width * 3
     out[:] = source  # border rows and columns are copied; images under 3 x 3 are copied whole
     for y in range(1, height - 1):
