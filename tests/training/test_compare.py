@@ -4,6 +4,7 @@ The report schemas come from the installed apps' ``kpca.reports`` entry points, 
 """
 
 import csv
+import json
 import logging
 import re
 import subprocess
@@ -378,6 +379,10 @@ def test_an_evaluation_with_other_model_options_is_labelled_by_what_ran_and_what
         config = _config("rpc", 1, ckpt)
         config["model"]["net"]["init_args"]["attention"]["n_iter"] = n_iter
         _run(tmp_path / name, config, report=_perplexity(ppl, ppl))
+    # what the test run recorded (record_protocol): its n_iter differs from the checkpoint's training
+    difference = {"option": "model.net.init_args.attention.n_iter", "trained": 2, "used": 6}
+    checkpoint = {"checkpoint": {"path": ckpt, "differences": [difference]}}
+    (tmp_path / "n_iter6" / "protocol.json").write_text(json.dumps(checkpoint))
     models, _ = group_runs(collect_runs(tmp_path, report_schema("language_model")))
     labels = {m.label: m.runs[0].metrics["valid/ppl"] for m in models}
     assert labels == {"rpc n_iter=2 lambd=4.0": 40.0, "rpc n_iter=6 lambd=4.0 (trained with n_iter=2)": 41.0}

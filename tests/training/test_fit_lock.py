@@ -122,7 +122,7 @@ def test_a_second_identical_auto_resume_refuses_naming_the_first_which_finishes_
         go.touch()
         _, first_stderr = first.communicate(timeout=600)
     assert second.returncode != 0
-    assert "RunFolderLockedError: Another process is writing into this experiment" in second.stderr
+    assert "error: Another process is writing into this experiment" in second.stderr
     assert f"process {first.pid} on {socket.gethostname()}" in second.stderr and "fit -c" in second.stderr
     assert "replace --ckpt_path auto by --ckpt_path null" in second.stderr
     assert first.returncode == 0, first_stderr.decode()[-3000:]

@@ -44,7 +44,8 @@ def test_a_model_option_typed_at_test_runs_and_the_run_says_what_it_was_trained_
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["model"]["net"]["init_args"]["attention"]["n_iter"] == 6  # what ran
     provenance = json.loads((run_dir / "protocol.json").read_text())
-    assert provenance["checkpoint"] == {"path": str(trained), "differences": [message]}
+    difference = {"option": N_ITER, "trained": 2, "used": 6}
+    assert provenance["checkpoint"] == {"path": str(trained), "differences": [difference]}
     assert message in (run_dir / "robustness.md").read_text()
     report = subprocess.run(
         [sys.executable, "-m", "kpca.training.results.compare", str(tmp_path / "runs"), "--task", "vision_cls"],

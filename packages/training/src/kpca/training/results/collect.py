@@ -17,15 +17,15 @@ import csv
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import yaml
 
 from kpca.attention.errors import OptionError
-from kpca.training.checkpointing.trained_options import OptionDifference, option_differences, run_differences
-from kpca.training.results.protocol import EvaluationProtocol
+from kpca.training.checkpointing.trained_options import OptionDifference
+from kpca.training.results.protocol import EvaluationProtocol, read_not_as_trained
 from kpca.training.results.schema import REPORT_ENTRY_POINTS, ReportSchema
 from kpca.training.run_config import config_value, without_keys
 
@@ -62,7 +62,7 @@ class Run:
     evaluated_model: dict = field(default_factory=dict)
     """The evaluation's ``model`` section: what ran, which may differ from the training's (``--ckpt_path`` rule)."""
     not_as_trained: list[OptionDifference] = field(default_factory=list)
-    """The evaluation's model options that differ from the training run's config."""
+    """The evaluation's model options that differ from its checkpoint's training (its ``protocol.json`` says)."""
 
     @property
     def seed(self) -> object:
@@ -254,28 +254,15 @@ def collect_runs(root: str | Path, schema: ReportSchema) -> list[Run]:
             continue
         protocols = schema.protocol_of(config, metrics)
         key = _evaluation_key(config, protocols, schema)
-        if linked is None:  # its training run is elsewhere: compare with its checkpoint's options, if it is there
-            standalone.append(
-                Run(
-                    folder,
-                    config,
-                    metrics,
-                    folder,
-                    report,
-                    evaluation_key=key,
-                    protocols=protocols,
-                    not_as_trained=run_differences(config),
-                )  # fmt: skip
-            )
+        not_as_trained = read_not_as_trained(folder)
+        if linked is None:
+            run = Run(folder, config, metrics, folder, report, evaluation_key=key, protocols=protocols)
+            standalone.append(replace(run, not_as_trained=not_as_trained))
         else:
             runs = evaluated.setdefault(linked.folder.resolve(), {})
             runs.pop(key, None)  # the newest evaluation with these settings replaces an older one, and goes last
-            evaluated_model = config.get("model") or {}
-            runs[key] = Run(
-                linked.folder, linked.config, metrics, folder, report, evaluation_key=key, protocols=protocols,
-                evaluated_model=evaluated_model,
-                not_as_trained=option_differences(linked.config.get("model") or {}, evaluated_model),
-            )  # fmt: skip
+            run = Run(linked.folder, linked.config, metrics, folder, report, evaluation_key=key, protocols=protocols)
+            runs[key] = replace(run, evaluated_model=config.get("model") or {}, not_as_trained=not_as_trained)
     collected = []
     for key, run in training.items():
         if key in evaluated:

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from kpca.attention.errors import OptionError
-from kpca.training.checkpointing.trained_options import run_differences
+from kpca.training.checkpointing.trained_options import OptionDifference, run_differences
 from kpca.training.files import write_atomic
 
 logger = logging.getLogger(__name__)
@@ -281,10 +281,14 @@ def record_protocol(rules: ProtocolRules, run_dir: str | Path, metrics: Iterable
     protocols = protocol_of(config, rules, metrics)
     record = protocol_record(protocols)
     lines = protocol_lines(protocols)
-    differences = [difference.text for difference in run_differences(config)]
+    differences = run_differences(config)
     if differences:
-        record[CHECKPOINT_ENTRY] = {"path": config["ckpt_path"], "differences": differences}
-        lines += f"- model: not as trained: {'; '.join(differences)}, from {config['ckpt_path']}\n"
+        record[CHECKPOINT_ENTRY] = {
+            "path": config["ckpt_path"],
+            "differences": [{"option": d.key, "trained": d.trained, "used": d.used} for d in differences],
+        }
+        texts = "; ".join(difference.text for difference in differences)
+        lines += f"- model: not as trained: {texts}, from {config['ckpt_path']}\n"
     text = json.dumps(record, indent=2) + "\n"
     write_atomic(folder / PROTOCOL_FILE, lambda stream: stream.write(text), mode="w", encoding="utf-8")
     logger.info("wrote %s", folder / PROTOCOL_FILE)
@@ -292,6 +296,18 @@ def record_protocol(rules: ProtocolRules, run_dir: str | Path, metrics: Iterable
         "\n## Protocol\n\nEach column group against the authors' protocol (docs/protocols.md): `published` when every "
         "setting that defines it has the authors' value, else ours, with the differences.\n\n" + lines
     )
+
+
+def read_not_as_trained(run_dir: str | Path) -> list[OptionDifference]:
+    """The model options of an evaluation run that differ from its checkpoint's training, from its ``protocol.json``.
+
+    Empty for a run that used the options it was trained with, or that wrote no ``protocol.json``.
+    """
+    path = Path(run_dir) / PROTOCOL_FILE
+    if not path.is_file():
+        return []
+    entry = json.loads(path.read_text(encoding="utf-8")).get(CHECKPOINT_ENTRY) or {}
+    return [OptionDifference(d["option"], d["trained"], d["used"]) for d in entry.get("differences", [])]
 
 
 def read_protocol_file(run_dir: str | Path) -> dict[str, str]:
