@@ -77,7 +77,7 @@ GPU_PROOF_ARGS ?=
 # a PY given on the command line skips creating .venv.
 TEST_GPU_NEEDS := $(if $(filter command line,$(origin PY)),,$(STAMP))
 test-gpu: $(TEST_GPU_NEEDS)  ## on a CUDA machine (under 8 min): gpu/triton and compile tests, CUDA benchmarks, short bf16 fits of each app; one report in benchmarks/results/
-	$(PY) benchmarks/gpu_proof.py $(GPU_PROOF_ARGS)
+	$(PY) tools/gpu_proof.py $(GPU_PROOF_ARGS)
 
 # Wheels for a GPU node with its own torch and no internet (docs/cluster.md). Default target: this Python and platform.
 # make wheelhouse WHEELHOUSE_PYTHON=3.12 WHEELHOUSE_PLATFORM=manylinux_2_28_x86_64 WHEELHOUSE_ARGS=--dali

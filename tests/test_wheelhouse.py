@@ -219,7 +219,7 @@ def make_dry_run(*args: str) -> str:
 
 def test_make_test_gpu_with_a_given_python_creates_no_venv():
     assert "pip install" in make_dry_run("test-gpu")  # the ordinary case installs .venv first
-    assert make_dry_run("test-gpu", "PY=python3").split() == ["python3", "benchmarks/gpu_proof.py"]
+    assert make_dry_run("test-gpu", "PY=python3").split() == ["python3", "tools/gpu_proof.py"]
 
 
 def test_make_wheelhouse_passes_the_target_on():

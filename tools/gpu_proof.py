@@ -1,41 +1,18 @@
 """`make test-gpu`: the GPU side of the project proved in one run, written up as one Markdown report.
 
-Each step runs as a subprocess with its own time limit; its wall time is recorded, and a step that fails or runs out
-of time is recorded with the tail of its log while the other steps still run. The correctness steps (1-3) run side by
-side first; the benchmarks (4-6) then run one after another, each alone on the GPU. The longest correctness limit
-plus the benchmarks' limits stays under 8 minutes on one CUDA GPU. The exit status is 1 when any step failed or timed
-out.
+Each step is a subprocess with its own time limit, run from the repository root; its wall time is recorded, and a
+step that fails or runs out of time is recorded with the tail of its log while the other steps still run. The
+correctness steps run side by side first: the gpu/triton tests (``pytest -m "gpu or triton"``) without the compile
+tests, the compile tests, and a short fit of each app through its console script. The benchmarks then run one after
+another, each alone on the GPU: ``benchmarks/attention.py``, ``benchmarks/input_pipeline.py`` and each app's
+real-size training step. The longest correctness limit plus the benchmarks' limits stays under 8 minutes on one
+CUDA GPU; the exit status is 1 when any step failed or timed out. Every step works in a temporary folder, removed
+when every step passed and kept (its path in the report) otherwise. What each step runs: docs/benchmarks.md,
+"On a GPU". Run from the repository root::
 
-1. ``tests``: ``pytest -m "gpu or triton"``, except the files of step 2 (passed / failed / skipped from JUnit XML), in
-   pytest-xdist workers where it is installed.
-2. ``compile``: the compile tests: ``tests/attention/test_compile.py`` (``rpc_attention`` on each backend, eager and
-   compiled under AOTAutograd and Inductor, loss and both gradients against the float64 reference),
-   ``tests/attention/test_compile_cuda.py`` (a ViT whose RPC attention runs the Triton custom ops: no graph break,
-   compiled = eager forward and backward; opcheck of the backward ops) and ``torch.library.opcheck`` of the forward
-   ops (``tests/attention/test_triton_backend.py::test_custom_op_registration``).
-3. ``fit_*``: a short fit of each app through its console script (``vision-cls``, ``language-model``,
-   ``segmentation``) on ``configs/trainer/gpu_1x_bf16.yaml`` and the app's smoke config (RPC attention), the vision
-   app a second time with ``--model.compile true``; the training throughput is the last value of the Throughput
-   callback's ``train/device/samples_per_sec`` (and ``items_per_sec``: tokens/s) in the run's TensorBoard events,
-   a mean over the second half of the steps, after the first (compiling) steps. They run beside steps 1 and 2, so
-   their throughput shows the app's path works, not how fast it is.
-4. ``attention``: ``benchmarks/attention.py --check`` in bf16: RPC(n) / (n x flash SDPA) at N 1024 and 4096 and at
-   DeiT-tiny's 256 x 3 x 197, and the fused PAP step's bandwidth against a clone of its bytes.
-5. ``input_pipeline``: ``benchmarks/input_pipeline.py --device cuda`` (the workers' CPU cost per image of each vision
-   path, the batched RandAugment of ``augment_on: device_randaugment`` on the GPU, and their targets), with
-   ``--dali gpu`` where NVIDIA DALI is installed.
-6. ``realsize_*``: each app at its real size (``REALSIZE_OPTIONS``): ``benchmarks/vision_cls.py`` (DeiT-tiny and
-   -small, batch 256, bf16: softmax / SymViT / RPC-SymViT / RPC 2-all, Triton and torch, eager and compiled, img/s
-   and the ratio to SymViT, peak memory, and a torch.profiler summary of one RPC 2-all step),
-   ``benchmarks/language_model.py`` (the paper's 16-layer model, tokens/s) and ``benchmarks/segmentation.py``
-   (Segmenter-tiny at 512 px, img/s).
-
-Every step works in a temporary folder, removed when every step passed and kept (its path in the report) otherwise.
-Run from the repository root::
-
-    python benchmarks/gpu_proof.py                          # every step on CUDA; report in benchmarks/results/
-    python benchmarks/gpu_proof.py --steps fit,attention    # some steps (names or prefixes of names)
-    python benchmarks/gpu_proof.py --device cpu --steps fit --fit-steps 6 --timeout-scale 4   # the fits on CPU
+    python tools/gpu_proof.py                          # every step on CUDA; report in benchmarks/results/
+    python tools/gpu_proof.py --steps fit,attention    # some steps (names or prefixes of names)
+    python tools/gpu_proof.py --device cpu --steps fit --fit-steps 6 --timeout-scale 4   # the fits on CPU
 """
 
 from __future__ import annotations
@@ -61,6 +38,8 @@ from pathlib import Path
 
 import yaml
 
+from kpca.training.files import write_atomic
+
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 480
 """The whole run on one CUDA GPU: the concurrent steps' longest limit plus the sequential steps' limits, under it."""
@@ -77,16 +56,8 @@ TIME_LIMITS = {
     "realsize_language_model": 80,
     "realsize_segmentation": 30,
 }
-"""Each step's time limit in seconds on one CUDA GPU (``--timeout-scale`` multiplies them).
-
-From the first H200 run (16 cores; torch 2.11, Triton 3.6), where every step ran alone: the gpu/triton tests took
-105 s in one process plus collection, the compile tests about 70 s, the attention benchmark 103 s with its launch
-sweep, the eager vision fit over 30 s (its process had not exited), the compiled one 55 s, the other fits 26-30 s.
-Now the test steps run in ``TEST_WORKERS`` pytest-xdist workers and every correctness step at once, so their limits
-hold the measured work with the cores shared; the attention benchmark runs without its launch sweep. The real-size
-benchmarks' limits are estimates (worker start-up about 5 s a row, a compile 35-65 s) until a GPU run times them;
-a benchmark that runs out of time still reports the rows it finished.
-"""
+"""Each step's time limit in seconds on one CUDA GPU (``--timeout-scale`` multiplies them); where they come from:
+docs/benchmarks.md, "On a GPU". A real-size benchmark that runs out of time still reports the rows it finished."""
 CONCURRENT_STEPS = (
     "tests", "compile", "fit_vision_cls", "fit_vision_cls_compiled", "fit_language_model", "fit_segmentation",
 )  # fmt: skip
@@ -106,10 +77,8 @@ REALSIZE_OPTIONS = {
         "segmentation": ["--image-size", "64", "--batch", "2", "--steps", "2", "--warmup", "1", "--modes", "eager"],
     },
 }  # fmt: skip
-"""Each real-size benchmark's options beside ``--device``: on CUDA the proof's selection (DeiT-tiny and -small eager
-in every row, compiled SymViT and RPC 2-all Triton, the profile; the paper's language model eager and compiled;
-Segmenter-tiny at 512 px eager: its compiled rows, about 80 s more, run outside the 8 minutes with
-``benchmarks/segmentation.py --device cuda``); on CPU tiny shapes that exercise the same code in seconds."""
+"""Each real-size benchmark's options beside ``--device``: on CUDA the proof's selection, on CPU tiny shapes that
+exercise the same code in seconds."""
 TEST_WORKERS = {"tests": 6, "compile": 3}
 """pytest-xdist workers per test step when pytest-xdist is installed (most of their time is Triton's and Inductor's
 JIT, on the CPU)."""
@@ -141,7 +110,6 @@ class Step:
         timeout_s: time limit of the subprocess in seconds.
         summarize: reads the step's results from its folder: a one-line summary and a Markdown section (either may
             be empty); an exception marks the step failed with its message.
-        unavailable: why the step cannot run here (then it is not run), or None.
         env: variables added to the environment of the command.
         partial_results: ``summarize`` also runs after a timeout (the step writes its results as it goes).
     """
@@ -151,14 +119,13 @@ class Step:
     command: list[str]
     timeout_s: float
     summarize: Callable[[Path], tuple[str, str]] | None = None
-    unavailable: Callable[[], str | None] | None = None
     env: dict[str, str] = field(default_factory=dict)
     partial_results: bool = False
 
 
 @dataclass
 class StepResult:
-    """What a step did: ``status`` is passed, failed, timed out or not available."""
+    """What a step did: ``status`` is passed, failed or timed out."""
 
     step: Step
     status: str
@@ -176,9 +143,6 @@ def run_step(step: Step, folder: Path) -> StepResult:
     """Run ``step`` with ``folder`` (created) holding its log and results; never raises for the step's failures."""
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    reason = step.unavailable() if step.unavailable else None
-    if reason is not None:
-        return StepResult(step, "not available", time.perf_counter() - start, summary=reason)
     log = folder / "log.txt"
     returncode, timed_out = run_command(step, log)
     wall = time.perf_counter() - start
@@ -267,19 +231,17 @@ def run_steps(steps: list[Step], work_dir: Path) -> list[StepResult]:
 
 
 def exit_status(results: list[StepResult]) -> int:
-    """1 when a step failed or timed out, else 0 (a step that is not available fails nothing)."""
+    """1 when a step failed or timed out, else 0."""
     return int(any(r.status in STATUSES_THAT_FAIL for r in results))
 
 
-def planned_seconds(limits: dict[str, float]) -> float:
-    """The longest the steps can take: the concurrent steps' longest limit plus every other step's limit."""
-    concurrent = [limit for name, limit in limits.items() if name in CONCURRENT_STEPS]
-    return max(concurrent, default=0) + sum(limit for name, limit in limits.items() if name not in CONCURRENT_STEPS)
-
-
 def check_budget(limits: dict[str, float], budget_s: float = BUDGET_S) -> None:
-    """Raise ValueError unless the steps, at their limits, end within ``budget_s`` (see :func:`planned_seconds`)."""
-    total = planned_seconds(limits)
+    """Raise ValueError unless the steps at their limits end within ``budget_s``.
+
+    The steps take at most the concurrent steps' longest limit plus every other step's limit.
+    """
+    concurrent = [limit for name, limit in limits.items() if name in CONCURRENT_STEPS]
+    total = max(concurrent, default=0) + sum(t for name, t in limits.items() if name not in CONCURRENT_STEPS)
     if total >= budget_s:
         raise ValueError(
             f"the steps' time limits add up to {total:.0f} s, over the {budget_s} s budget: lower TIME_LIMITS"
@@ -289,9 +251,9 @@ def check_budget(limits: dict[str, float], budget_s: float = BUDGET_S) -> None:
 # --- reading results ------------------------------------------------------------------------
 
 
-def pytest_summary(junit: Path) -> tuple[str, str]:
-    """``N passed, N failed, N errors, N skipped`` from pytest's JUnit XML, and the failed tests as a list."""
-    root = ElementTree.parse(junit).getroot()
+def pytest_summary(folder: Path) -> tuple[str, str]:
+    """``N passed, N failed, N errors, N skipped`` from pytest's JUnit XML in ``folder``, and the failed tests."""
+    root = ElementTree.parse(folder / "junit.xml").getroot()
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     counts = {key: sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")}
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
@@ -363,82 +325,68 @@ def limit(config: ProofConfig, name: str) -> float:
 def pytest_steps(config: ProofConfig) -> list[Step]:
     """Steps 1 and 2: the gpu / triton tests without the compile tests, then the compile tests.
 
-    Each runs in its ``TEST_WORKERS`` of pytest-xdist workers on CUDA where pytest-xdist is installed.
+    Each runs in its ``TEST_WORKERS`` of pytest-xdist workers on CUDA where pytest-xdist is installed; on CUDA a
+    broken Triton fails them (``KPCA_REQUIRE_TRITON=1``) instead of skipping them.
     """
-    env = {"KPCA_REQUIRE_TRITON": "1"} if config.device == "cuda" else {}  # a broken Triton fails, never skips
-    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", TEST_MARKERS]
-    parallel = config.device == "cuda" and importlib.util.find_spec("xdist") is not None
-    workers = {name: ["-n", str(n)] if parallel else [] for name, n in TEST_WORKERS.items()}
     files = [path for path in COMPILE_TESTS if "::" not in path]
     leave_out = [f"--ignore={path}" for path in files] + [f"--deselect={t}" for t in COMPILE_TESTS if "::" in t]
-    junit = {name: f"--junitxml={config.work_dir / name / 'junit.xml'}" for name in ("tests", "compile")}
-    return [
-        Step(
-            "tests", f'pytest -m "{TEST_MARKERS}" (without the compile tests)',
-            [*pytest, *workers["tests"], junit["tests"], "tests", *leave_out], limit(config, "tests"),
-            lambda folder: pytest_summary(folder / "junit.xml"), env=env,
-        ),
-        Step(
-            "compile", "the compile tests and opcheck of the kpca custom ops",
-            [*pytest, *workers["compile"], junit["compile"], *COMPILE_TESTS], limit(config, "compile"),
-            lambda folder: pytest_summary(folder / "junit.xml"), env=env,
-        ),
-    ]  # fmt: skip
+    runs = {
+        "tests": (f'pytest -m "{TEST_MARKERS}" (without the compile tests)', ["tests", *leave_out]),
+        "compile": ("the compile tests and opcheck of the kpca custom ops", list(COMPILE_TESTS)),
+    }
+    parallel = config.device == "cuda" and importlib.util.find_spec("xdist") is not None
+    env = {"KPCA_REQUIRE_TRITON": "1"} if config.device == "cuda" else {}
+    steps = []
+    for name, (title, targets) in runs.items():
+        workers = ["-n", str(TEST_WORKERS[name])] if parallel else []
+        junit = f"--junitxml={config.work_dir / name / 'junit.xml'}"
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", TEST_MARKERS, *workers, junit]
+        steps.append(Step(name, title, [*command, *targets], limit(config, name), pytest_summary, env=env))
+    return steps
+
+
+def benchmark_step(
+    config: ProofConfig, name: str, script: str, options: list[str], note: str = "", partial: bool = False
+) -> Step:
+    """``benchmarks/<script> --device <device> <options> --output <report>``, summarised from its report.
+
+    ``partial``: the benchmark rewrites its report after each row, so when it runs out of time the report still
+    gives the rows it finished.
+    """
+    report = f"{Path(script).stem}.md"
+    command = [sys.executable, f"benchmarks/{script}", "--device", config.device, *options]
+    output = ["--output", str(config.work_dir / name / report)]
+    return Step(
+        name, " ".join(display(command)[1:]) + note, [*command, *output], limit(config, name),
+        lambda folder: benchmark_summary(folder / report), partial_results=partial,
+    )  # fmt: skip
 
 
 def attention_step(config: ProofConfig) -> Step:
-    """Step 3: the attention benchmark in bf16 on CUDA (fp32 up to N = 4096 on CPU), its targets checked."""
-    options = ["--dtype", "bfloat16"] if config.device == "cuda" else ["--dtype", "float32"]
-    output = config.work_dir / "attention" / "attention.md"
-    command = [sys.executable, "benchmarks/attention.py", "--device", config.device, *options, "--check"]
-    return Step(
-        "attention", f"benchmarks/attention.py --device {config.device} {' '.join(options)} --check",
-        [*command, "--output", str(output)], limit(config, "attention"),
-        lambda folder: benchmark_summary(folder / "attention.md"),
-    )  # fmt: skip
+    """Step 4: the attention benchmark in bf16 on CUDA (fp32 up to N = 4096 on CPU), its targets checked."""
+    dtype = "bfloat16" if config.device == "cuda" else "float32"
+    return benchmark_step(config, "attention", "attention.py", ["--dtype", dtype, "--check"])
 
 
 def input_pipeline_step(config: ProofConfig) -> Step:
-    """Step 4: the input-pipeline benchmark, with its DALI path on the GPU where DALI is installed.
+    """Step 5: the input-pipeline benchmark, with its DALI path on the GPU where DALI is installed.
 
     Without DALI (``kpca-vision-cls[dali]``, about 700 MB) the CPU paths are still timed and the title says so.
     """
-    dali_missing = missing_module("nvidia.dali")
-    dali = [] if dali_missing else ["--dali", "gpu" if config.device == "cuda" else "cpu"]
-    options = [*dali, "--device", config.device]  # where the batched RandAugment of device_randaugment is timed
-    output = config.work_dir / "input_pipeline" / "input_pipeline.md"
-    command = [sys.executable, "benchmarks/input_pipeline.py", *options, "--output", str(output)]
-    title = " ".join(["benchmarks/input_pipeline.py", *options]) + (f" (DALI {dali_missing})" if dali_missing else "")
-    return Step(
-        "input_pipeline", title, command, limit(config, "input_pipeline"),
-        lambda folder: benchmark_summary(folder / "input_pipeline.md"),
-    )  # fmt: skip
+    dali = ["--dali", "gpu" if config.device == "cuda" else "cpu"] if dali_installed() else []
+    note = "" if dali else " (DALI not available: nvidia.dali is not installed; pip install 'kpca-vision-cls[dali]')"
+    return benchmark_step(config, "input_pipeline", "input_pipeline.py", dali, note)
 
 
-def missing_module(name: str) -> str | None:
-    """``not available: ...`` when module ``name`` is not installed, else None."""
-    if importlib.util.find_spec(name.split(".")[0]) is None or importlib.util.find_spec(name) is None:
-        return f"not available: {name} is not installed (pip install 'kpca-vision-cls[dali]')"
-    return None
+def dali_installed() -> bool:
+    """Whether NVIDIA DALI (``kpca-vision-cls[dali]``, about 700 MB) is installed here."""
+    return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
 
 
 def realsize_steps(config: ProofConfig) -> list[Step]:
-    """Each app's real-size training step (``benchmarks/<app>.py --device ...``): img/s or tokens/s, eager and compiled.
-
-    A step that runs out of time still reports the rows its benchmark finished (it rewrites its report per row).
-    """
-    steps = []
-    for app, options in REALSIZE_OPTIONS[config.device].items():
-        name = f"realsize_{app}"
-        report = config.work_dir / name / f"{app}.md"
-        command = [sys.executable, f"benchmarks/{app}.py", "--device", config.device, *options]
-        steps.append(
-            Step(
-                name, " ".join(display(command)), [*command, "--output", str(report)], limit(config, name),
-                lambda folder, app=app: benchmark_summary(folder / f"{app}.md"), partial_results=True,
-            )
-        )  # fmt: skip
-    return steps
+    """Step 6: each app's real-size training step (``benchmarks/<app>.py``): img/s or tokens/s, eager and compiled."""
+    options = REALSIZE_OPTIONS[config.device]
+    return [benchmark_step(config, f"realsize_{app}", f"{app}.py", options[app], partial=True) for app in options]
 
 
 def fit_step(config: ProofConfig, app: str, compiled: bool = False) -> Step:
@@ -530,10 +478,7 @@ def environment(device: str) -> dict[str, str]:
 def render_report(results: list[StepResult], env: dict[str, str], started: datetime.datetime, notes: str) -> str:
     """The Markdown report: the machine, one row per step, each step's section, then the failures' log tails."""
     failing = [r.step.name for r in results if r.status in STATUSES_THAT_FAIL]
-    absent = [r.step.name for r in results if r.status == "not available"]
     verdict = f"FAIL: {', '.join(failing)} did not pass" if failing else "PASS: every step that ran passed"
-    if absent:
-        verdict += f"; not available: {', '.join(absent)}"
     limits = sum(r.step.timeout_s for r in results)
     lines = [f"# GPU proof, {started:%Y-%m-%d %H:%M} UTC", "", "| | |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in env.items()]
@@ -566,19 +511,6 @@ def display(command: list[str]) -> list[str]:
     """The command as a reader would type it: paths inside the repository relative, this Python as ``python``."""
     shown = ["python" if part == sys.executable else part for part in command]
     return [part.replace(f"{REPO}/", "") for part in shown]
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, so no reader sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 # --- the command ----------------------------------------------------------------------------
@@ -628,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         notes = f"The steps' logs and runs are in `{config.work_dir}`."
     output = args.output or REPO / "benchmarks" / "results" / f"gpu-{started:%Y-%m-%dT%H%MZ}.md"
-    write_atomically(output, render_report(results, environment(args.device), started, notes))
+    report = render_report(results, environment(args.device), started, notes)
+    write_atomic(output, lambda file: file.write(report), "w")  # no reader sees half a report
     print(output)
     return status
 
