@@ -2,10 +2,10 @@
 
 Side by side in one run, on crops of scikit-learn's two sample photographs at 224 px:
 
-* :class:`~kpca.vision_cls.input.batch_rand_augment.BatchRandAugment` on a uint8 batch of 256: ms per batch (median of
+* :class:`~kpca.vision_cls.input.device.rand_augment.BatchRandAugment` on a uint8 batch of 256: ms per batch (median of
   ``--repeats`` after two warm-ups; CUDA synchronised) and the same per image;
 * timm's RandAugment on Pillow images, one at a time: ms of CPU per image (``time.process_time``), plain and with
-  the compiled kernels of :mod:`kpca.vision_cls.input.compiled_rand_augment` (what the workers run today).
+  the compiled kernels of :mod:`kpca.vision_cls.input.workers.compiled_rand_augment` (what the workers run today).
 
 Run from the repository root::
 
@@ -26,8 +26,9 @@ from PIL import Image
 from sklearn.datasets import load_sample_images
 from timm.data.auto_augment import rand_augment_transform
 
-from kpca.vision_cls.input.batch_rand_augment import BatchRandAugment, timm_train_hparams
-from kpca.vision_cls.input.compiled_rand_augment import with_compiled_ops
+from kpca.vision_cls.input.device.rand_augment import BatchRandAugment
+from kpca.vision_cls.input.policy import timm_train_hparams
+from kpca.vision_cls.input.workers.compiled_rand_augment import with_compiled_ops
 
 CONFIG = "rand-m9-mstd0.5-inc1"
 

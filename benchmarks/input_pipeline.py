@@ -8,7 +8,7 @@ images re-encoded as JPEG (quality 90) at ImageNet's typical 500x375 and 375x500
    random erasing per image in the workers), the device path (``augment_on="device"``: the workers stop at a uint8
    tensor; the float conversion and random erasing run batched on the device) and the default turbo path
    (``input="turbo"``, ``augment_on="device"``: libjpeg-turbo decode, crop, resize and flip on uint8 tensors,
-   :mod:`kpca.vision_cls.input.turbo`), and the turbo path with RandAugment moved to the device
+   :mod:`kpca.vision_cls.input.workers.turbo`), and the turbo path with RandAugment moved to the device
    (``augment_on="device_randaugment"``: the workers stop after the flip). The paths run interleaved, image by
    image, in one loop, so background load hits all alike. The device tail is timed on the CPU on a batch of 64 as
    an upper bound (a GPU runs it in microseconds); the batched RandAugment of ``device_randaugment`` on a batch of
@@ -27,7 +27,7 @@ images re-encoded as JPEG (quality 90) at ImageNet's typical 500x375 and 375x500
    tokens/s per core.
 
 5. With ``--dali cpu`` or ``--dali gpu``, the DALI path (``data.input: dali``,
-   :class:`~kpca.vision_cls.input.dali_loader.DaliTrainLoader`, the DeiT recipe at 224 px) beside the vision paths,
+   :class:`~kpca.vision_cls.input.dali.loader.DaliTrainLoader`, the DeiT recipe at 224 px) beside the vision paths,
    instead of sections 3-4: its CPU time per image, summed over all threads of the process (``time.process_time``),
    and its wall images/s. ``cpu`` runs DALI's CPU operators in one thread (ms·core per image, comparable with the
    table); ``gpu`` decodes with nvJPEG (``mixed``) and augments on CUDA device 0 with 4 CPU threads, so its CPU time
@@ -90,7 +90,7 @@ def decode(path: Path) -> Image.Image:
 
 def turbo_decode(path: Path) -> torch.Tensor:
     """The turbo path's loader and first stage: read the file's bytes, decode with libjpeg-turbo (or PIL)."""
-    from kpca.vision_cls.input.turbo import DecodeRGB, read_image_bytes
+    from kpca.vision_cls.input.workers.turbo import DecodeRGB, read_image_bytes
 
     return DecodeRGB()(read_image_bytes(str(path)))
 
@@ -340,7 +340,8 @@ def bench_dali(photos: list[Path], device: str) -> dict[str, float]:
     from timm.data import IMAGENET_DEFAULT_MEAN
     from torch.utils.data import DistributedSampler
 
-    from kpca.vision_cls.input.dali_loader import DaliTrainLoader, DaliTrainRecipe
+    from kpca.vision_cls.input.dali.loader import DaliTrainLoader
+    from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe
 
     threads, batch, batches = DALI_SETTINGS[device]
     samples = [(str(photos[i % len(photos)]), 0) for i in range(batch * (batches + 1))]

@@ -12,8 +12,9 @@ from sklearn.datasets import load_sample_images
 from timm.data import auto_augment as timm_aa
 from timm.data.transforms import _pil_interpolation_to_str
 
-from kpca.vision_cls.input import batch_rand_augment as bra
-from kpca.vision_cls.input.batch_rand_augment import BatchRandAugment, RandAugmentDraws, timm_train_hparams
+from kpca.vision_cls.input.device import pillow_ops as ops
+from kpca.vision_cls.input.device.rand_augment import BatchRandAugment, RandAugmentDraws
+from kpca.vision_cls.input.policy import timm_train_hparams
 
 FILL = (124, 116, 104)  # DeiT's img_mean: timm_train_hparams() gives it
 HEIGHT, WIDTH = 48, 64
@@ -67,14 +68,14 @@ def batched(images: np.ndarray, op, argument: float) -> np.ndarray:
 # ---- integer and blend ops: bit for bit -------------------------------------------------------------------------
 
 EXACT_OPS = [
-    (bra.invert, timm_aa.invert, [None]),
-    (bra.auto_contrast, timm_aa.auto_contrast, [None]),
-    (bra.equalize, timm_aa.equalize, [None]),
-    (bra.posterize, timm_aa.posterize, [0, 1, 2, 3, 4, 8]),
-    (bra.solarize, timm_aa.solarize, [0, 1, 26, 128, 230, 256]),
-    (bra.solarize_add, timm_aa.solarize_add, [0, 11, 55, 99, 110]),
+    (ops.invert, timm_aa.invert, [None]),
+    (ops.auto_contrast, timm_aa.auto_contrast, [None]),
+    (ops.equalize, timm_aa.equalize, [None]),
+    (ops.posterize, timm_aa.posterize, [0, 1, 2, 3, 4, 8]),
+    (ops.solarize, timm_aa.solarize, [0, 1, 26, 128, 230, 256]),
+    (ops.solarize_add, timm_aa.solarize_add, [0, 11, 55, 99, 110]),
     *[
-        (getattr(bra, name), getattr(timm_aa, name), [0.1, 0.37, 0.5, 1.0, 1.19, 1.55, 1.9])
+        (getattr(ops, name), getattr(timm_aa, name), [0.1, 0.37, 0.5, 1.0, 1.19, 1.55, 1.9])
         for name in ("color", "contrast", "brightness", "sharpness")
     ],
 ]
@@ -95,18 +96,18 @@ def test_blends_are_the_float64_blend_within_one_level(images: np.ndarray):
     # A float64 reference of ImageEnhance.Brightness: x * f clipped; Pillow's float32 and truncation stay within 1.
     for factor in (0.3, 0.77, 1.6):
         reference = (images.astype(np.float64) * factor).clip(0, 255)
-        difference = np.abs(batched(images, bra.brightness, factor) - reference)
+        difference = np.abs(batched(images, ops.brightness, factor) - reference)
         assert difference.max() < 1.0
 
 
 # ---- geometric ops: Pillow's AFFINE ----------------------------------------------------------------------------
 
 GEOMETRIC = [
-    ("rotate", bra.MATRIX_OPS["Rotate"], timm_aa.rotate, [-30.0, -12.3, 0.0, 7.0, 27.3]),
-    ("shear_x", bra.MATRIX_OPS["ShearX"], timm_aa.shear_x, [-0.3, -0.11, 0.2, 0.27]),
-    ("shear_y", bra.MATRIX_OPS["ShearY"], timm_aa.shear_y, [-0.27, 0.05, 0.3]),
-    ("translate_x_rel", bra.MATRIX_OPS["TranslateXRel"], timm_aa.translate_x_rel, [-0.45, -0.2, 0.0, 0.125, 0.405]),
-    ("translate_y_rel", bra.MATRIX_OPS["TranslateYRel"], timm_aa.translate_y_rel, [-0.405, 0.1, 0.3]),
+    ("rotate", ops.MATRIX_OPS["Rotate"], timm_aa.rotate, [-30.0, -12.3, 0.0, 7.0, 27.3]),
+    ("shear_x", ops.MATRIX_OPS["ShearX"], timm_aa.shear_x, [-0.3, -0.11, 0.2, 0.27]),
+    ("shear_y", ops.MATRIX_OPS["ShearY"], timm_aa.shear_y, [-0.27, 0.05, 0.3]),
+    ("translate_x_rel", ops.MATRIX_OPS["TranslateXRel"], timm_aa.translate_x_rel, [-0.45, -0.2, 0.0, 0.125, 0.405]),
+    ("translate_y_rel", ops.MATRIX_OPS["TranslateYRel"], timm_aa.translate_y_rel, [-0.405, 0.1, 0.3]),
 ]
 RESAMPLE = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
@@ -130,7 +131,7 @@ def test_geometric_ops_are_bit_identical_to_pillow(images: np.ndarray, name, mat
     fill = torch.tensor(FILL, dtype=torch.uint8)
     for argument in arguments:
         coefficients = matrix(torch.full((len(images),), argument, dtype=torch.float64), HEIGHT, WIDTH)  # (B, 6)
-        ours = from_batch(bra.affine(to_batch(images), coefficients, fill, mode))
+        ours = from_batch(ops.affine(to_batch(images), coefficients, fill, mode))
         pillow = with_pillow(images, timms, argument, resample=RESAMPLE[mode], fillcolor=FILL)
         outside = uncovered(coefficients, 1.0 if mode == "nearest" else 0.0)  # (B, H, W)
         assert outside.any() or argument == 0.0
@@ -140,7 +141,7 @@ def test_geometric_ops_are_bit_identical_to_pillow(images: np.ndarray, name, mat
 
 def test_rotation_matrix_is_pillows():
     degrees = torch.tensor([-30.0, -17.13, 0.0, 0.001, 12.5, 29.999, 90.0, 180.0], dtype=torch.float64)
-    ours = bra.rotate_matrix(degrees, HEIGHT, WIDTH)
+    ours = ops.rotate_matrix(degrees, HEIGHT, WIDTH)
     for angle, row in zip(degrees.tolist(), ours, strict=True):
         image = Image.new("RGB", (WIDTH, HEIGHT))
         captured = {}

@@ -10,13 +10,13 @@ from sklearn.datasets import load_sample_images
 from timm.data import auto_augment as timm_ops
 from timm.data.auto_augment import rand_augment_transform
 
-from kpca.vision_cls.input.compiled_rand_augment import (
+from kpca.vision_cls.input.workers.compiled_rand_augment import (
     COMPILED_OPS,
     CompiledEnhanceOp,
     CompiledGeometricOp,
     with_compiled_ops,
 )
-from kpca.vision_cls.input.pil_kernels import affine_bicubic, blend, rotation_matrix, smooth
+from kpca.vision_cls.input.workers.pil_kernels import affine_bicubic, blend, rotation_matrix, smooth
 
 FILL = (124, 116, 104)  # DeiT's img_mean, the fill timm's RandAugment uses
 DEIT_HPARAMS = {"translate_const": 100, "img_mean": FILL, "interpolation": Image.BICUBIC}

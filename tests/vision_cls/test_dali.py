@@ -19,8 +19,9 @@ from torch.utils.data import DistributedSampler
 from torchvision.datasets import ImageFolder
 
 from kpca.vision_cls.data import ImageNetDataModule
-from kpca.vision_cls.input.dali_loader import DaliTrainLoader, DaliTrainRecipe, image_folder_samples
-from kpca.vision_cls.input.dali_rand_augment import parse_rand_augment, rand_augment_specs
+from kpca.vision_cls.input.dali.loader import DaliTrainLoader, image_folder_samples
+from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe, parse_rand_augment
+from kpca.vision_cls.input.dali.tables import rand_augment_specs
 from kpca.vision_cls.input.samplers import RepeatAugSampler
 from tests.cli_support import CONFIGS, CPU
 
@@ -290,7 +291,7 @@ def test_missing_dali_names_the_extra(tree: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_the_default_path_never_imports_dali():
     code = (
-        "import sys, kpca.vision_cls.cli, kpca.vision_cls.data, kpca.vision_cls.input.dali_loader; "
+        "import sys, kpca.vision_cls.cli, kpca.vision_cls.data, kpca.vision_cls.input.dali.loader; "
         "assert not [m for m in sys.modules if m.startswith('nvidia.dali')], 'nvidia.dali imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

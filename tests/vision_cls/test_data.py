@@ -16,8 +16,8 @@ from kpca.vision_cls.builtin_data import write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.data import ImageNetDataModule, VisionData
 from kpca.vision_cls.eval_data import EvalData, EvalSet
-from kpca.vision_cls.input.random_erasing import PixelSpaceRandomErasing
 from kpca.vision_cls.input.samplers import RepeatAugSampler
+from kpca.vision_cls.input.workers.random_erasing import PixelSpaceRandomErasing
 
 A_WNIDS = ["n01770081", "n01784675"]  # in the ImageNet-A and the ImageNet-O class lists
 R_WNID = "n01784675"  # in the ImageNet-R class list too (n01770081 is not)

@@ -12,8 +12,8 @@ from torchvision import transforms
 
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
-from kpca.vision_cls.input.device_augment import BatchRandomErasing, DeviceTrainAugment, uint8_to_unit
-from kpca.vision_cls.input.random_erasing import PixelSpaceRandomErasing
+from kpca.vision_cls.input.device.tail import BatchRandomErasing, DeviceTrainAugment, uint8_to_unit
+from kpca.vision_cls.input.workers.random_erasing import PixelSpaceRandomErasing
 from tests.cli_support import CONFIGS, run_cli, smoke_options
 
 HEIGHT, WIDTH = 24, 40  # not square, so a box drawn with h and w swapped shows in the aspect statistics

@@ -15,9 +15,10 @@ from timm.data.auto_augment import RandAugment
 
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
-from kpca.vision_cls.input.batch_rand_augment import BatchRandAugment, timm_train_hparams
-from kpca.vision_cls.input.device_augment import uint8_to_unit
-from kpca.vision_cls.input.turbo import TensorHorizontalFlip, hwc_to_chw
+from kpca.vision_cls.input.device.rand_augment import BatchRandAugment
+from kpca.vision_cls.input.device.tail import uint8_to_unit
+from kpca.vision_cls.input.policy import timm_train_hparams
+from kpca.vision_cls.input.workers.turbo import TensorHorizontalFlip, hwc_to_chw
 from tests.cli_support import CONFIGS, run_cli, smoke_options
 
 DEIT = "rand-m9-mstd0.5-inc1"

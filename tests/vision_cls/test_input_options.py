@@ -11,7 +11,7 @@ from kpca.training.replaced_options import replaced_option_hint
 from kpca.vision_cls import data as data_module
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
-from kpca.vision_cls.input.dali_loader import DaliTrainLoader
+from kpca.vision_cls.input.dali.loader import DaliTrainLoader
 from kpca.vision_cls.input.options import (
     AUGMENT_ON,
     AugmentOn,

@@ -13,9 +13,10 @@ from sklearn.datasets import load_sample_images
 from timm.data import auto_augment as timm_aa
 
 from kpca.vision_cls.input import policy
-from kpca.vision_cls.input.batch_rand_augment import MATRIX_OPS, PIXEL_OPS, run_op
-from kpca.vision_cls.input.compiled_rand_augment import COMPILED_OPS, with_compiled_ops
-from kpca.vision_cls.input.dali_rand_augment import BINS_PER_LEVEL, parse_rand_augment, rand_augment_specs
+from kpca.vision_cls.input.dali.recipe import BINS_PER_LEVEL, parse_rand_augment
+from kpca.vision_cls.input.dali.tables import rand_augment_specs
+from kpca.vision_cls.input.device.pillow_ops import MATRIX_OPS, PIXEL_OPS, run_op
+from kpca.vision_cls.input.workers.compiled_rand_augment import COMPILED_OPS, with_compiled_ops
 
 DEIT_HPARAMS = policy.timm_train_hparams(224)  # bicubic, fill (124, 116, 104), translate_const 100
 DALI_FILL = 115  # DALI's warps fill one grey level and have no bicubic: its reference runs timm's ops so
@@ -83,7 +84,7 @@ def dali(photo: Image.Image, name: str, magnitude: float, negated: bool, monkeyp
     pytest.importorskip("nvidia.dali", reason="not available: NVIDIA DALI is not installed (kpca-vision-cls[dali])")
     from nvidia.dali import fn, pipeline_def, types
 
-    from kpca.vision_cls.input.dali_graph import TimmOp, WarpSettings
+    from kpca.vision_cls.input.dali.graph import TimmOp, WarpSettings
 
     config = parse_rand_augment("rand-inc1" if name in policy.rand_op_names(True) else "rand")
     (spec,) = [spec for spec in rand_augment_specs(config) if spec.name == name]

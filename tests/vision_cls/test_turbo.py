@@ -15,7 +15,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import default_loader
 
 from kpca.vision_cls.data import ImageNetDataModule
-from kpca.vision_cls.input.turbo import DecodeRGB, TensorRandomResizedCrop, decode_rgb, read_image_bytes
+from kpca.vision_cls.input.workers.turbo import DecodeRGB, TensorRandomResizedCrop, decode_rgb, read_image_bytes
 
 SIZES = ((500, 375), (375, 500), (333, 251), (17, 9))  # ImageNet's usual shapes, odd sides, a tiny image
 SEEDS = range(6)

@@ -4,13 +4,13 @@ Every dataloader yields ``(images, labels)`` with ``images`` float32 in pixel sp
 ``labels`` int64, shape (B,), once on the device. The training input path (``data.input``, ``data.augment_on``)
 lives in :mod:`kpca.vision_cls.input`; with ``augment_on="device"`` (the default) the training loader stops at uint8
 images and :meth:`ImageNetDataModule.on_after_batch_transfer` finishes the transform batched on the device (float
-conversion and random erasing, :mod:`kpca.vision_cls.input.device_augment`). Under DDP the evaluation
+conversion and random erasing, :mod:`kpca.vision_cls.input.device.tail`). Under DDP the evaluation
 loaders (validation, test, predict) use :class:`kpca.training.data.UnpaddedDistributedSampler`, so every image counts
 exactly once on any number of ranks.
 Nothing is normalised here: the model normalises inside (with :attr:`mean` and
 :attr:`std`), so adversarial attacks and corruptions work in pixel units. The one exception is random erasing, whose
 fill is drawn in normalised space as in DeiT and is therefore allowed to leave [0, 1] (see
-:class:`kpca.vision_cls.input.random_erasing.PixelSpaceRandomErasing`). The evaluation sets beyond the clean
+:class:`kpca.vision_cls.input.workers.random_erasing.PixelSpaceRandomErasing`). The evaluation sets beyond the clean
 validation set (ImageNet-C/A/R/O, the on-the-fly corruptions, the evaluation subset) are the ``data.eval`` group,
 :class:`kpca.vision_cls.eval_data.EvalData`, whose module gives their folder layouts.
 
@@ -51,13 +51,15 @@ from kpca.vision_cls.data_checks import (
 )
 from kpca.vision_cls.eval_data import IMAGENET_C_LAYOUT, EvalData, EvalSet
 from kpca.vision_cls.image_folders import class_folders
-from kpca.vision_cls.input.batch_rand_augment import BatchRandAugment, timm_train_hparams
-from kpca.vision_cls.input.dali_loader import DaliTrainLoader, DaliTrainRecipe, image_folder_samples, require_dali
-from kpca.vision_cls.input.device_augment import BatchRandomErasing, DeviceTrainAugment
-from kpca.vision_cls.input.options import AugmentOn, InputPath, check_input_options
-from kpca.vision_cls.input.random_erasing import ErasingMode, PixelSpaceRandomErasing
+from kpca.vision_cls.input.dali.loader import DaliTrainLoader, image_folder_samples, require_dali
+from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe
+from kpca.vision_cls.input.device.rand_augment import BatchRandAugment
+from kpca.vision_cls.input.device.tail import BatchRandomErasing, DeviceTrainAugment
+from kpca.vision_cls.input.options import AugmentOn, ErasingMode, InputPath, check_input_options
+from kpca.vision_cls.input.policy import timm_train_hparams
 from kpca.vision_cls.input.samplers import RepeatAugSampler, rank_sampler
-from kpca.vision_cls.input.train_transform import timm_train_stages, train_image_loader, worker_train_transform
+from kpca.vision_cls.input.workers.random_erasing import PixelSpaceRandomErasing
+from kpca.vision_cls.input.workers.transform import timm_train_stages, train_image_loader, worker_train_transform
 
 Builtin = Literal["digits"]
 Interpolation = Literal["bicubic", "bilinear", "nearest"]
@@ -150,14 +152,15 @@ class ImageNetDataModule(ProjectDataModule):
         input: The training input path (:mod:`kpca.vision_cls.input`). ``"turbo"``: DataLoader workers decode with
             libjpeg-turbo (``simplejpeg``; PIL for non-JPEG, CMYK or damaged files), crop, resize and flip uint8
             tensors with torch, and run timm's RandAugment with its slow ops compiled
-            (:mod:`kpca.vision_cls.input.turbo`): the same random draws, pixels within interpolation noise of timm's,
-            about twice the images/s per core. ``"timm"``: DataLoader workers run timm's PIL transform exactly, for
-            bit-exact reproduction (the reference). ``"dali"``: NVIDIA DALI (:mod:`kpca.vision_cls.input.dali_loader`,
-            extra ``pip install 'kpca-vision-cls[dali]'``) reads, decodes (nvJPEG on a GPU trainer, CPU operators
-            otherwise), crops, resizes, flips and RandAugments in ``num_workers`` threads, in the order of the
-            sampler the workers would have; it needs ``root`` (not ``builtin``), a ``rand-...`` or no
-            ``auto_augment``, ``augment_on="device"`` and ``bad_files="error"``. Evaluation loaders decode with PIL
-            on every path. Combinations are checked by :func:`~kpca.vision_cls.input.options.check_input_options`.
+            (:mod:`kpca.vision_cls.input.workers.turbo`): the same random draws, pixels within interpolation noise of
+            timm's, about twice the images/s per core. ``"timm"``: DataLoader workers run timm's PIL transform
+            exactly, for bit-exact reproduction (the reference). ``"dali"``: NVIDIA DALI
+            (:mod:`kpca.vision_cls.input.dali`, extra ``pip install 'kpca-vision-cls[dali]'``) reads, decodes (nvJPEG
+            on a GPU trainer, CPU operators otherwise), crops, resizes, flips and RandAugments in ``num_workers``
+            threads, in the order of the sampler the workers would have; it needs ``root`` (not ``builtin``), a
+            ``rand-...`` or no ``auto_augment``, ``augment_on="device"`` and ``bad_files="error"``. Evaluation
+            loaders decode with PIL on every path. Combinations are checked by
+            :func:`~kpca.vision_cls.input.options.check_input_options`.
         augment_on: Where the training transform finishes. ``"device"``: the loader yields uint8 (3, H, W) images
             and the float conversion and random erasing run batched after transfer (:class:`DeviceTrainAugment`,
             the same distributions). ``"workers"``: the DataLoader workers do both per image
@@ -332,7 +335,7 @@ class ImageNetDataModule(ProjectDataModule):
 
         timm's DeiT stages, as they are (``input="timm"``) or as their turbo equivalents (``input="turbo"``), then
         the float conversion and random erasing with ``augment_on="workers"``
-        (:func:`kpca.vision_cls.input.train_transform.worker_train_transform`).
+        (:func:`kpca.vision_cls.input.workers.transform.worker_train_transform`).
 
         Raises:
             ValueError: For ``input="dali"``, whose transform runs in DALI's pipeline (:class:`DaliTrainRecipe`).

@@ -1,16 +1,16 @@
 """The two options that choose the training input path, the one check of their combinations, and the removed names.
 
 * ``data.input``: which code turns files into training images. ``turbo`` (the default): DataLoader workers decode
-  with libjpeg-turbo (``simplejpeg``) and crop, resize and flip with torch (:mod:`kpca.vision_cls.input.turbo`).
+  with libjpeg-turbo (``simplejpeg``) and crop, resize and flip with torch (:mod:`kpca.vision_cls.input.workers.turbo`).
   ``timm``: DataLoader workers run timm's own PIL transform, bit-identical to timm: the reference the other paths
-  are measured against (:mod:`kpca.vision_cls.input.train_transform`). ``dali``: NVIDIA DALI reads, decodes and
-  augments (:mod:`kpca.vision_cls.input.dali_loader`).
+  are measured against (:mod:`kpca.vision_cls.input.workers.transform`). ``dali``: NVIDIA DALI reads, decodes and
+  augments (:mod:`kpca.vision_cls.input.dali.loader`).
 * ``data.augment_on``: where the training transform finishes. ``device`` (the default): the loader hands over uint8
   images, converted to float and randomly erased batched on the device after transfer
-  (:mod:`kpca.vision_cls.input.device_augment`). ``workers``: the DataLoader workers do both per image
-  (:mod:`kpca.vision_cls.input.random_erasing`). ``device_randaugment``: the workers stop after crop and flip, and
-  timm's RandAugment also runs batched on the device, before the float conversion and erasing
-  (:mod:`kpca.vision_cls.input.batch_rand_augment`: timm's policy and Pillow's pixels, other random draws).
+  (:mod:`kpca.vision_cls.input.device.tail`). ``workers``: the DataLoader workers do both per image
+  (:mod:`kpca.vision_cls.input.workers.random_erasing`). ``device_randaugment``: the workers stop after crop and
+  flip, and timm's RandAugment also runs batched on the device, before the float conversion and erasing
+  (:mod:`kpca.vision_cls.input.device.rand_augment`: timm's policy and Pillow's pixels, other random draws).
 
 :func:`check_input_options` refuses every combination the paths cannot run. :data:`REPLACED_OPTIONS` gives the
 spelling that replaced ``data.backend``, ``data.worker_transform`` and ``data.device_augment``
@@ -23,10 +23,12 @@ from typing import Literal, TypeVar
 
 from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice, choices
-from kpca.vision_cls.input.dali_rand_augment import parse_rand_augment
+from kpca.vision_cls.input.dali.recipe import parse_rand_augment
 
 InputPath = Literal["turbo", "timm", "dali"]
 AugmentOn = Literal["device", "workers", "device_randaugment"]
+ErasingMode = Literal["pixel", "rand", "const"]
+"""timm's random erasing fills (``data.re_mode``): per-pixel normal noise, one normal colour per erased box, or zero."""
 T = TypeVar("T")
 
 
@@ -93,7 +95,7 @@ def check_input_options(
     """Refuse a training input path that cannot run with the other data options.
 
     Each refusal is a ValueError naming the value and the fix. DALI being importable is checked separately
-    (:func:`kpca.vision_cls.input.dali_loader.require_dali`), after these checks.
+    (:func:`kpca.vision_cls.input.dali.loader.require_dali`), after these checks.
 
     Args:
         input: ``data.input``: ``"turbo"``, ``"timm"`` or ``"dali"``.

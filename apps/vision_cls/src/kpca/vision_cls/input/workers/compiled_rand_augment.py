@@ -1,4 +1,4 @@
-"""timm's RandAugment with its slow ops' pixels computed by compiled kernels (:mod:`kpca.vision_cls.input.pil_kernels`).
+"""timm's RandAugment with its slow ops' pixels computed by compiled kernels (:mod:`.pil_kernels`).
 
 In DeiT's recipe most of RandAugment's time per image goes to a few ops whose pixels Pillow computes in slow
 per-pixel loops: rotations, shears and translations (3-4 ms each on a 224 x 224 image), sharpness (about 2 ms) and
@@ -20,8 +20,8 @@ from PIL import Image, ImageStat
 from timm.data import auto_augment as timm_ops
 from timm.data.auto_augment import RandAugment
 
-from kpca.vision_cls.input.pil_kernels import Matrix, affine_bicubic, blend, rotation_matrix, smooth
 from kpca.vision_cls.input.policy import AFFINE
+from kpca.vision_cls.input.workers.pil_kernels import Matrix, affine_bicubic, blend, rotation_matrix, smooth
 
 
 def _rotate(degrees: float, width: int, height: int) -> Matrix | None:

@@ -1,32 +1,21 @@
-"""timm's RandAugment on a whole uint8 batch on its device: per-image ops, magnitudes, signs and interpolation.
+"""Pillow's pixels of timm's RandAugment ops, on uint8 batches on any device, each image with its own argument.
 
-:class:`BatchRandAugment` lets the DataLoader workers stop at uint8 after crop and flip: DeiT's
-``rand-m9-mstd0.5-inc1`` then runs on the batch after transfer, before random erasing
-(:mod:`kpca.vision_cls.input.device_augment`) and mixup.
-
-Policy: timm's own parser (``rand_augment_transform``) reads the config string and hparams; the op list, ``prob``,
-magnitude, ``magnitude_std`` (``mstd``, > 100 means uniform), ``magnitude_max`` (``mmax``), the choice weights, the
-fill and the interpolation are taken from the RandAugment object it returns. Per image and layer the draws follow
-``RandAugment.__call__`` and ``AugmentOp.__call__``: an op uniformly with replacement (or by weight without
-replacement), applied iff ``U < prob``, magnitude ``N(m, mstd)`` (``U(0, m)`` for infinite mstd) clipped to
-``[0, mmax or 10]``, a sign negated iff ``U > 0.5`` for the ops whose level function negates, and one interpolation
-drawn uniformly from timm's tuple (bilinear or bicubic) for geometric ops when hparams fix none. The random numbers
-come from a ``torch.Generator`` instead of Python's ``random``: the draws differ, their distribution does not.
-
-Pixels follow Pillow 11 (what timm's ops call) in Pillow's own arithmetic:
+What :class:`kpca.vision_cls.input.device.rand_augment.BatchRandAugment` runs. Pixels follow Pillow 11 (what timm's
+ops call) in Pillow's own arithmetic, with Pillow's constants from :mod:`kpca.vision_cls.input.policy`:
 
 * Integer ops, bit-exact: Invert, Posterize, Solarize, SolarizeAdd (timm's LUT), AutoContrast (Pillow's float64
   LUT from each channel's min and max, truncated), Equalize (Pillow's integer LUT from each channel's histogram).
 * ``ImageEnhance`` ops, bit-exact: ``Image.blend(degenerate, image, factor)`` in float32, truncated and clipped.
-  Color's degenerate is grey ``L = (19595 R + 38470 G + 7471 B + 2**15) >> 16``; Contrast's the mean of L rounded
-  as ``ImageStat`` does; Brightness's black; Sharpness's the SMOOTH filter (1 1 1 / 1 5 1 / 1 1 1 over 13, summed in
-  float32 in Pillow's order, rounded, border copied).
-* Geometric ops (Rotate about the centre as ``Image.rotate``, ShearX/Y, TranslateX/Y(Rel)): Pillow's affine inverse
-  mapping, output pixel centre -> source point in float64; a source point outside the image takes the fill colour;
-  bilinear and bicubic (Pillow's a = -1 cubic) with repeated edges, in float64, clipped and truncated; nearest as
-  Pillow's generic path. Bicubic and bilinear match Pillow bit for bit but for one-ulp differences of ``cos``/``sin``
-  between libm and torch's device (absorbed by Pillow's rounding of the rotation to 15 decimals almost always).
-  Pillow's nearest affine has fixed-point and incremental fast paths that this float formula only approximates.
+  Color's degenerate is Pillow's integer grey (``policy.LUMA_WEIGHTS``); Contrast's the mean of that grey rounded
+  as ``ImageStat`` does; Brightness's black; Sharpness's the SMOOTH filter (``policy.SMOOTH``, summed in float32 in
+  Pillow's order, rounded, border copied).
+* Geometric ops (Rotate about the centre as ``Image.rotate``, ShearX/Y, TranslateX/Y(Rel), ``policy.AFFINE``):
+  Pillow's affine inverse mapping, output pixel centre -> source point in float64; a source point outside the image
+  takes the fill colour; bilinear and bicubic (``policy.linear``, ``policy.cubic``) with repeated edges, in float64,
+  clipped and truncated; nearest as Pillow's generic path. Bicubic and bilinear match Pillow bit for bit but for
+  one-ulp differences of ``cos``/``sin`` between libm and torch's device (absorbed by Pillow's rounding of the
+  rotation to 15 decimals almost always). Pillow's nearest affine has fixed-point and incremental fast paths that this
+  float formula only approximates.
 
 Hand-written, not library: torchvision's v2 geometric ops take one angle per call and resample through
 ``grid_sample``, and so would kornia's ``warp_affine``; ``grid_sample``'s bicubic is the a = -0.75 kernel (Pillow's
@@ -36,41 +25,20 @@ rule and truncation with per-image matrices and costs no extra dependency. torch
 (``adjust_contrast`` and friends) compute in float and round, and its grey is float ``0.2989 R + 0.587 G + 0.114 B``,
 not Pillow's integer luma, so they too are one grey level off on many pixels; the pixel ops here are a few lines each.
 
-Vectorised over the batch: per layer and op kind (at most 15), the images that drew that op are gathered, transformed
-with their own parameters and written back; only the op kinds loop in Python. On CUDA each op kind costs one
-host sync (the count of images that drew it). The geometric ops gather 16 (rotation) or 4 (shear, translation)
-taps per pixel in float64: memory-bound passes that a GPU runs fast, but that make this path slower per image on a
-CPU than Pillow's (about 6 ms against 1 ms per 224 px image on one busy core; see benchmarks/batch_rand_augment.py).
-
-Legend: B batch, L layers (ops per image), N images that drew one op, C channels (3), H x W image, K op kinds.
+Legend: N images, C channels (3), H x W image.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 from functools import partial
 
 import numpy as np
 import torch
-from timm.data import auto_augment as timm_aa
-from timm.data.transforms import _pil_interpolation_to_str
 from torch import Tensor
 
-from kpca.attention.errors import OptionError
-from kpca.vision_cls.input.policy import (
-    AFFINE,
-    LEVEL_DENOM,
-    LUMA_ROUND,
-    LUMA_SHIFT,
-    LUMA_WEIGHTS,
-    SMOOTH,
-    arguments,
-    cubic,
-    linear,
-    timm_train_hparams,
-)
+from kpca.vision_cls.input.policy import AFFINE, LUMA_ROUND, LUMA_SHIFT, LUMA_WEIGHTS, SMOOTH, cubic, linear
 
 PixelOp = Callable[[Tensor, Tensor], Tensor]  # (N, C, H, W) uint8, (N,) float64 argument -> (N, C, H, W) uint8
 MatrixOp = Callable[[Tensor, int, int], Tensor]  # (N,) float64 argument, H, W -> (N, 6) float64 Pillow coefficients
@@ -338,7 +306,7 @@ def affine(images: Tensor, matrix: Tensor, fill: Tensor, mode: str) -> Tensor:
     return torch.where(inside[:, None], sampled, fill.view(1, c, 1, 1))
 
 
-# ---- the policy ----------------------------------------------------------------------------------------------------
+# ---- timm's op names ----------------------------------------------------------------------------------------------
 
 
 _ENHANCE = {"Color": color, "Contrast": contrast, "Brightness": brightness, "Sharpness": sharpness}
@@ -373,164 +341,3 @@ def run_op(name: str, images: Tensor, argument: Tensor, fill: Tensor, mode: str)
         return PIXEL_OPS[name](images, argument)
     matrix = MATRIX_OPS[name](argument, images.shape[2], images.shape[3])  # (N, 6)
     return affine(images, matrix, fill, mode)
-
-
-@dataclass(frozen=True)
-class RandAugmentDraws:
-    """One batch's random choices, all (B, L): what timm draws per image and layer.
-
-    Attributes:
-        op: int64 index into :attr:`BatchRandAugment.names`.
-        applied: bool, whether the op runs (timm's ``random() <= prob``).
-        magnitude: float64, after the mstd noise and the clip to ``[0, mmax or 10]``.
-        negate: bool, the sign coin (used by the ops whose level function negates).
-        argument: float64, the op's argument (timm's ``level_fn`` output: degrees, factor, bits, ...).
-        resample: int64 index into :attr:`BatchRandAugment.resamples` (used by geometric ops).
-    """
-
-    op: Tensor
-    applied: Tensor
-    magnitude: Tensor
-    negate: Tensor
-    argument: Tensor
-    resample: Tensor
-
-    def to(self, device: torch.device) -> RandAugmentDraws:
-        """The same draws on ``device``."""
-        return RandAugmentDraws(**{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)})
-
-
-class BatchRandAugment:
-    """timm's RandAugment for a uint8 batch on any device, each image with its own ops and parameters.
-
-    Args:
-        config_str: timm's RandAugment config, e.g. DeiT's ``"rand-m9-mstd0.5-inc1"``.
-        hparams: timm's hparams (``img_mean``, ``translate_const``, ``translate_pct``, ``interpolation``); default
-            :func:`timm_train_hparams` (what timm's ``create_transform`` passes for DeiT at 224 px: fill
-            (124, 116, 104), bicubic).
-
-    Raises:
-        ValueError: An op of the config that has no batched implementation (Desaturate, GaussianBlur*).
-    """
-
-    def __init__(self, config_str: str, hparams: dict | None = None) -> None:
-        hparams = dict(timm_train_hparams() if hparams is None else hparams)
-        policy = timm_aa.rand_augment_transform(config_str, dict(hparams))
-        unsupported = sorted({op.name for op in policy.ops} - PIXEL_OPS.keys() - MATRIX_OPS.keys())
-        if unsupported:
-            raise OptionError(f"BatchRandAugment has no batched {unsupported} (config {config_str!r}).")
-        self.names = tuple(op.name for op in policy.ops)
-        self.num_layers = policy.num_layers
-        self.choice_weights = None if policy.choice_weights is None else torch.as_tensor(policy.choice_weights)
-        self.hparams = policy.ops[0].hparams
-        self._prob = torch.tensor([op.prob for op in policy.ops], dtype=torch.float64)  # (K,)
-        self._magnitude = torch.tensor([float(op.magnitude) for op in policy.ops], dtype=torch.float64)  # (K,)
-        self._std = torch.tensor([float(op.magnitude_std) for op in policy.ops], dtype=torch.float64)  # (K,)
-        upper = [op.magnitude_max or LEVEL_DENOM for op in policy.ops]  # timm's `magnitude_max or 10`
-        self._upper = torch.tensor(upper, dtype=torch.float64)  # (K,)
-        kwargs = policy.ops[0].kwargs
-        self.fill = torch.tensor(kwargs["fillcolor"], dtype=torch.uint8)  # (C,)
-        resample = kwargs["resample"]
-        resample = resample if isinstance(resample, (list, tuple)) else (resample,)
-        self.resamples = tuple(_pil_interpolation_to_str[r] for r in resample)
-        if not set(self.resamples) <= {"nearest", "bilinear", "bicubic"}:
-            raise OptionError(f"BatchRandAugment resamples with nearest, bilinear or bicubic, not {self.resamples}.")
-
-    def __repr__(self) -> str:
-        """The policy in timm's terms."""
-        return (
-            f"{type(self).__name__}(n={self.num_layers}, ops={list(self.names)}, p={self._prob[0].item()}, "
-            f"m={self._magnitude[0].item()}, mstd={self._std[0].item()}, fill={self.fill.tolist()}, "
-            f"resample={self.resamples})"
-        )
-
-    def sample(
-        self, batch: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
-    ) -> RandAugmentDraws:
-        """Draw every image's ops and parameters, as timm's RandAugment does per image.
-
-        Args:
-            batch: Number of images B.
-            generator: Source of the random numbers; its device is where they are drawn.
-            device: Where to draw without a generator (default CPU).
-
-        Returns:
-            The (B, L) draws, on the generator's device (or ``device``).
-        """
-        device = generator.device if generator is not None else torch.device(device or "cpu")
-        shape = (batch, self.num_layers)
-
-        def uniform() -> Tensor:
-            return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
-
-        op = self._choose_ops(batch, generator, device)  # (B, L)
-        applied = uniform() <= self._prob.to(device)[op]
-        magnitude = self._magnitudes(op, generator, device)
-        negate = uniform() > 0.5
-        resample = torch.randint(len(self.resamples), shape, generator=generator, device=device)
-        argument = self._arguments(op, magnitude, negate)
-        return RandAugmentDraws(op, applied, magnitude, negate, argument, resample)
-
-    def _choose_ops(self, batch: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
-        """(B, L) op indices: uniform with replacement, or by weight without (numpy's ``choice`` as timm calls it)."""
-        if self.choice_weights is None:
-            return torch.randint(len(self.names), (batch, self.num_layers), generator=generator, device=device)
-        weights = self.choice_weights.to(device).expand(batch, -1)  # (B, K)
-        return torch.multinomial(weights, self.num_layers, replacement=False, generator=generator)
-
-    def _magnitudes(self, op: Tensor, generator: torch.Generator | None, device: torch.device) -> Tensor:
-        """(B, L) magnitudes: ``N(m, mstd)`` (or ``U(0, m)`` for infinite mstd, m for 0) clipped to [0, upper]."""
-        mean, std, upper = (values.to(device)[op] for values in (self._magnitude, self._std, self._upper))
-        gauss = mean + std * torch.randn(op.shape, generator=generator, device=device, dtype=torch.float64)
-        uniform = mean * torch.rand(op.shape, generator=generator, device=device, dtype=torch.float64)
-        magnitude = torch.where(std.isinf(), uniform, torch.where(std > 0, gauss, mean))
-        return torch.minimum(magnitude, upper).clamp(min=0.0)
-
-    def _arguments(self, op: Tensor, magnitude: Tensor, negate: Tensor) -> Tensor:
-        """(B, L) op arguments through each op's level function (:func:`kpca.vision_cls.input.policy.arguments`)."""
-        argument = torch.zeros_like(magnitude)
-        for index, name in enumerate(self.names):
-            argument = torch.where(op == index, arguments(name, magnitude, negate, self.hparams), argument)
-        return argument
-
-    def apply(self, images: Tensor, draws: RandAugmentDraws) -> Tensor:
-        """Run ``draws`` on ``images``: (B, C, H, W) uint8 -> a new (B, C, H, W) uint8 tensor."""
-        _check_images(images)
-        draws = draws.to(images.device)
-        fill = self.fill.to(images.device)
-        out = images.clone()
-        for layer in range(self.num_layers):
-            for index, name in enumerate(self.names):
-                rows = ((draws.op[:, layer] == index) & draws.applied[:, layer]).nonzero().squeeze(1)  # (N,)
-                if len(rows):
-                    argument, resample = draws.argument[rows, layer], draws.resample[rows, layer]  # (N,)
-                    out[rows] = self._run(name, out[rows], argument, resample, fill)
-        return out
-
-    def _run(self, name: str, images: Tensor, argument: Tensor, resample: Tensor, fill: Tensor) -> Tensor:
-        """Op ``name`` on the N images that drew it, each with its resampling: (N, C, H, W) uint8 -> same."""
-        if len(self.resamples) == 1:
-            return run_op(name, images, argument, fill, self.resamples[0])
-        out = torch.empty_like(images)
-        for code, mode in enumerate(self.resamples):
-            rows = (resample == code).nonzero().squeeze(1)  # (n,)
-            if len(rows):
-                out[rows] = run_op(name, images[rows], argument[rows], fill, mode)
-        return out
-
-    def __call__(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """RandAugment each image of a (B, C, H, W) uint8 batch independently -> (B, C, H, W) uint8.
-
-        Draws on the generator's device (without one: on the images' device, from torch's default generator).
-        """
-        _check_images(images)
-        device = None if generator is not None else images.device
-        return self.apply(images, self.sample(len(images), generator, device))
-
-
-def _check_images(images: Tensor) -> None:
-    """TypeError / ValueError unless ``images`` is a (B, 3, H, W) uint8 batch."""
-    if images.dtype != torch.uint8:
-        raise TypeError(f"BatchRandAugment expects uint8 images, got {images.dtype}.")
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise OptionError(f"BatchRandAugment expects (B, 3, H, W) RGB images, got {tuple(images.shape)}.")

@@ -1,9 +1,10 @@
-"""The DALI training input path (``data.input: dali``): the recipe and the loader Lightning iterates.
+"""The DALI training input path (``data.input: dali``): the loader Lightning iterates.
 
-The pipeline (:mod:`kpca.vision_cls.input.dali_graph`) mirrors the workers' DeiT recipe (timm's
-``transforms_imagenet_train``) up to the uint8 crop: ``fn.readers.file`` -> ``fn.decoders.image_random_crop`` (the
-random-resized-crop window, decoded as a region of interest) -> ``fn.resize`` to ``image_size`` -> horizontal flip
--> timm's RandAugment (:mod:`kpca.vision_cls.input.dali_rand_augment`) -> (C, S, S) uint8. The device tail (float
+The pipeline (:mod:`kpca.vision_cls.input.dali.graph`) mirrors the workers' DeiT recipe (timm's
+``transforms_imagenet_train``, :class:`~kpca.vision_cls.input.dali.recipe.DaliTrainRecipe`) up to the uint8 crop:
+``fn.readers.file`` -> ``fn.decoders.image_random_crop`` (the random-resized-crop window, decoded as a region of
+interest) -> ``fn.resize`` to ``image_size`` -> horizontal flip -> timm's RandAugment
+(:mod:`kpca.vision_cls.input.dali.tables`) -> (C, S, S) uint8. The device tail (float
 conversion, random erasing) and Mixup/CutMix then run unchanged after transfer. On a GPU the decoder is ``mixed``
 (nvJPEG) and every later stage runs on the GPU; on a CPU trainer the same graph runs on CPU operators.
 
@@ -13,7 +14,8 @@ Lightning injects, or DeiT's ``RepeatAugSampler``): each epoch builds a pipeline
 list in order. So every input path reads the same files per rank and step, and an epoch ends where the workers'
 ``drop_last=True`` loader ends.
 
-``nvidia.dali`` is imported lazily, inside the functions that need it: the default install never imports it.
+``nvidia.dali`` is imported lazily, inside the functions that need it (:func:`require_dali`, and an epoch's start,
+which imports :mod:`~kpca.vision_cls.input.dali.graph`): the default install never imports it.
 
 Legend: B batch, C channels (3), S output side (``image_size``).
 """
@@ -21,7 +23,6 @@ Legend: B batch, C channels (3), S output side (``image_size``).
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from torch.utils.data import DistributedSampler
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from kpca.attention.errors import OptionError
-from kpca.vision_cls.input.dali_rand_augment import RandAugmentConfig, parse_rand_augment
+from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe
 
 DALI_INSTALL = "pip install 'kpca-vision-cls[dali]'"
 
@@ -46,53 +47,6 @@ def require_dali() -> None:
             f"data.input=dali needs NVIDIA DALI, which is not importable ({error}). Install the extra: "
             f"{DALI_INSTALL} (or set data.input=turbo, the default, or data.input=timm)."
         ) from error
-
-
-@dataclass(frozen=True)
-class DaliTrainRecipe:
-    """The training transform the DALI pipeline applies, in the workers' terms (timm's options).
-
-    Attributes:
-        image_size: Side S of the square crop, in pixels.
-        scale: Area range of the random crop, as fractions of the image (DeiT: 0.08-1).
-        hflip: Probability of a horizontal flip.
-        rand_augment: timm's RandAugment settings, or None for no RandAugment.
-        interpolation: ``"bicubic"``, ``"bilinear"`` or ``"nearest"``: the resize filter (RandAugment's rotate,
-            shear and translate are bilinear in DALI, nearest for ``"nearest"``).
-        fill: Gray level of the pixels that rotate, shear and translate uncover.
-    """
-
-    image_size: int
-    scale: tuple[float, float]
-    hflip: float
-    rand_augment: RandAugmentConfig | None
-    interpolation: str = "bicubic"
-    fill: int = 128
-
-    @classmethod
-    def from_timm(
-        cls,
-        image_size: int,
-        scale: Sequence[float],
-        hflip: float,
-        auto_augment: str | None,
-        interpolation: str,
-        mean: Sequence[float],
-    ) -> DaliTrainRecipe:
-        """The recipe of ``transforms_imagenet_train`` with these settings (the datamodule's options).
-
-        timm fills uncovered pixels with the dataset mean in uint8 (ImageNet: (124, 116, 104)); DALI's warps take
-        one gray level, so the fill is that mean's channel average (ImageNet: 115).
-        """
-        channel_fill = [min(255, round(255 * m)) for m in mean]
-        return cls(
-            image_size=image_size,
-            scale=(float(scale[0]), float(scale[1])),
-            hflip=hflip,
-            rand_augment=parse_rand_augment(auto_augment) if auto_augment else None,
-            interpolation=interpolation,
-            fill=round(sum(channel_fill) / len(channel_fill)),
-        )
 
 
 def image_folder_samples(folder: str | Path, classes: Sequence[str]) -> list[tuple[str, int]]:
@@ -196,7 +150,7 @@ class DaliTrainLoader:
     def _batches(self) -> Generator[tuple[Tensor, Tensor], None, None]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        from kpca.vision_cls.input.dali_graph import READER_NAME, build_train_pipeline
+        from kpca.vision_cls.input.dali.graph import READER_NAME, build_train_pipeline
 
         files, labels = zip(*self.epoch_samples(), strict=True)
         pipeline = build_train_pipeline(

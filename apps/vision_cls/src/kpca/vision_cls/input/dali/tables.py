@@ -2,15 +2,13 @@
 
 timm's ``AugmentOp`` turns a magnitude m (0-10) into each op's argument with a level function and negates some of
 them at random (:mod:`kpca.vision_cls.input.policy`). DALI looks arguments up per sample, so each op here gets a
-table: the argument of every magnitude from 0 to ``magnitude_max`` in steps of 0.01 (:data:`BINS_PER_LEVEL`), each in
-both signs, at index ``2 * bin + negated``, in the form DALI's operation takes it (:data:`TO_DALI`);
-:mod:`kpca.vision_cls.input.dali_graph` applies the ops.
+table: the argument of every magnitude from 0 to ``magnitude_max`` in steps of 0.01
+(:data:`~kpca.vision_cls.input.dali.recipe.BINS_PER_LEVEL`), each in both signs, at index ``2 * bin + negated``, in
+the form DALI's operation takes it (:data:`TO_DALI`); :mod:`kpca.vision_cls.input.dali.graph` applies the ops.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,73 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from kpca.attention.errors import OptionError
-from kpca.vision_cls.input.policy import LEVEL_DENOM, LEVELS, SMOOTH, arguments, rand_op_names
+from kpca.vision_cls.input.dali.recipe import RandAugmentConfig
+from kpca.vision_cls.input.policy import LEVELS, SMOOTH, arguments, rand_op_names
 
-BINS_PER_LEVEL = 100  # magnitude resolution of the tables: 0.01 of timm's magnitude unit
 DATA_DEVICE_OPS = ("Posterize", "Solarize", "SolarizeAdd", "Sharpness")  # arguments combined with the pixels
-
-
-@dataclass(frozen=True)
-class RandAugmentConfig:
-    """timm's RandAugment settings, parsed from its config string (:func:`parse_rand_augment`).
-
-    Attributes:
-        num_layers: Ops applied per image (timm ``n``, default 2).
-        magnitude: Magnitude m on timm's 0-10 scale (timm ``m``, default 10).
-        magnitude_std: Std of the Gaussian noise on m per op (timm ``mstd``); ``inf`` draws m' ~ U(0, m).
-        magnitude_max: Upper clip of the noisy magnitude (timm ``mmax``, default 10).
-        increasing: timm's ``inc1`` op set, whose every op grows stronger with m.
-        prob: Probability of applying each chosen op (timm ``p``, default 0.5).
-    """
-
-    num_layers: int = 2
-    magnitude: float = 10.0
-    magnitude_std: float = 0.0
-    magnitude_max: float = LEVEL_DENOM
-    increasing: bool = False
-    prob: float = 0.5
-
-    @property
-    def bins(self) -> int:
-        """Magnitude bins of the tables: 0 to ``magnitude_max`` by ``1 / BINS_PER_LEVEL``."""
-        return round(self.magnitude_max * BINS_PER_LEVEL) + 1
-
-
-_SECTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "m": ("magnitude", int),
-    "n": ("num_layers", int),
-    "mmax": ("magnitude_max", int),
-    "inc": ("increasing", lambda value: bool(int(value))),
-    "p": ("prob", float),
-    "mstd": ("magnitude_std", lambda value: math.inf if float(value) > 100 else float(value)),
-}
-
-
-def parse_rand_augment(config: str) -> RandAugmentConfig:
-    """Parse a timm RandAugment string such as DeiT's ``"rand-m9-mstd0.5-inc1"`` as timm does.
-
-    Raises:
-        ValueError: For policies other than ``rand`` (AutoAugment, AugMix), timm's ``t`` op sets, or an unknown
-            section; the message names the value and the fix.
-    """
-    sections = config.split("-")
-    if sections[0] != "rand":
-        raise OptionError(
-            f"auto_augment={config!r}: the DALI path mirrors timm's RandAugment ('rand-...', e.g. DeiT's "
-            "'rand-m9-mstd0.5-inc1') only; use data.input=turbo (the default) or data.input=timm for other policies."
-        )
-    fields: dict[str, Any] = {}
-    for section in sections[1:]:
-        key, value = (re.split(r"(\d.*)", section) + [""])[:2]
-        if key not in _SECTIONS or not value:
-            raise OptionError(
-                f"auto_augment={config!r}: section {section!r} has no DALI mirror; timm's RandAugment sections "
-                "m, n, mstd, mmax, inc and p are (e.g. 'rand-m9-mstd0.5-inc1'), op sets 't...' are not."
-            )
-        name, convert = _SECTIONS[key]
-        fields[name] = convert(value)
-    return RandAugmentConfig(**fields)
 
 
 def shift(argument: float) -> list[float]:
@@ -143,7 +78,7 @@ class OpSpec:
 
     Attributes:
         name: timm's op name, e.g. ``"PosterizeIncreasing"``.
-        kind: The operation in :mod:`kpca.vision_cls.input.dali_graph` (timm's name without ``Increasing``).
+        kind: The operation in :mod:`kpca.vision_cls.input.dali.graph` (timm's name without ``Increasing``).
         table: (2 * bins, ...) argument per signed magnitude bin (index ``2 * bin + negated``), or None for ops
             without an argument.
     """

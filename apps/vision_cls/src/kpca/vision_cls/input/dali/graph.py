@@ -1,7 +1,7 @@
 """The DALI operator graph of the training path: timm's RandAugment ops and the pipeline. Imports ``nvidia.dali``.
 
-Only :mod:`kpca.vision_cls.input.dali_loader` imports this module, lazily, when a DALI loader starts an epoch.
-Argument tables are built before the pipeline is defined (:mod:`kpca.vision_cls.input.dali_rand_augment`): the pipeline
+Only :mod:`kpca.vision_cls.input.dali.loader` imports this module, lazily, when a DALI loader starts an epoch.
+Argument tables are built before the pipeline is defined (:mod:`kpca.vision_cls.input.dali.tables`): the pipeline
 definition is traced by DALI's autograph (``enable_conditionals``, which per-sample op choice needs), and Python
 work inside it is slow there.
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from nvidia.dali import Pipeline, fn, pipeline_def, types
 from nvidia.dali import math as dali_math
@@ -21,10 +20,8 @@ from nvidia.dali.auto_aug import augmentations
 from nvidia.dali.auto_aug.core import select
 from nvidia.dali.data_node import DataNode
 
-from kpca.vision_cls.input.dali_rand_augment import OpSpec, RandAugmentConfig, rand_augment_specs
-
-if TYPE_CHECKING:
-    from kpca.vision_cls.input.dali_loader import DaliTrainRecipe
+from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe, RandAugmentConfig
+from kpca.vision_cls.input.dali.tables import OpSpec, rand_augment_specs
 
 READER_NAME = "train_reader"
 CROP_ATTEMPTS = 10  # timm's RandomResizedCrop tries this many windows before its fallback
@@ -171,7 +168,7 @@ def build_train_pipeline(
     Args:
         files: Image paths, read once each in this order (no shuffling: the caller's sampler ordered them).
         labels: Class index of each file.
-        recipe: The transform (:class:`~kpca.vision_cls.input.dali_loader.DaliTrainRecipe`).
+        recipe: The transform (:class:`~kpca.vision_cls.input.dali.recipe.DaliTrainRecipe`).
         batch_size: Images per batch.
         device_id: CUDA device index: nvJPEG decoding (``mixed``) and GPU operators; None runs CPU operators.
         num_threads: CPU threads of the pipeline.

@@ -1,6 +1,6 @@
 """DeiT's random erasing per image, in pixel space: the workers' eraser (``data.augment_on: workers``).
 
-The batched eraser of ``data.augment_on: device`` is :class:`kpca.vision_cls.input.device_augment.BatchRandomErasing`.
+The batched eraser of ``data.augment_on: device`` is :class:`kpca.vision_cls.input.device.tail.BatchRandomErasing`.
 
 Legend: H x W image.
 """
@@ -8,14 +8,12 @@ Legend: H x W image.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 from timm.data.random_erasing import RandomErasing
 from torch import Tensor
 
-ErasingMode = Literal["pixel", "rand", "const"]
-"""timm's random erasing fills: per-pixel normal noise, one normal colour per erased box, or zero."""
+from kpca.vision_cls.input.options import ErasingMode
 
 
 class PixelSpaceRandomErasing:

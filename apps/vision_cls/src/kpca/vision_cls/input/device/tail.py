@@ -16,9 +16,8 @@ import torch
 from torch import Tensor
 
 from kpca.training.choices import check_choice
-from kpca.vision_cls.input.random_erasing import ErasingMode
+from kpca.vision_cls.input.options import ErasingMode
 
-"""The fill modes of timm's ``RandomErasing`` (``data.re_mode``)."""
 ERASING_ATTEMPTS = 10  # timm's RandomErasing tries this many boxes before giving up on an image
 
 # ToTensor's value for every uint8 level, computed once on the CPU as ToTensor does (float32(v) / 255), so the
@@ -34,7 +33,7 @@ def uint8_to_unit(images: Tensor) -> Tensor:
 
 
 class BatchRandomErasing:
-    """:class:`~kpca.vision_cls.input.random_erasing.PixelSpaceRandomErasing` for a whole batch, on its device.
+    """:class:`~kpca.vision_cls.input.workers.random_erasing.PixelSpaceRandomErasing` for a whole batch, on its device.
 
     Per image, the same distribution as timm's ``RandomErasing`` with one box (DeiT's setting): erase with
     ``probability``; try up to 10 boxes of area ``U(min_area, max_area) * H * W`` and aspect ``exp(U(log min_aspect,
@@ -125,7 +124,7 @@ class DeviceTrainAugment:
     Args:
         erasing: The batched eraser, or None when random erasing is off.
         rand_augment: The batched RandAugment of ``augment_on: device_randaugment``
-            (:class:`~kpca.vision_cls.input.batch_rand_augment.BatchRandAugment`, uint8 -> uint8), or None when the
+            (:class:`~kpca.vision_cls.input.device.rand_augment.BatchRandAugment`, uint8 -> uint8), or None when the
             workers ran it.
     """
 

@@ -15,7 +15,7 @@ numbers from the same generators in the same order, and changes only how the pix
 
 The remaining stages (RandAugment, or colour jitter) are timm's own objects, run on a PIL image made from the
 224 x 224 crop; RandAugment's slow ops (rotations, shears, translations, sharpness, contrast, colour, brightness)
-compute their pixels with compiled copies of Pillow's loops (:mod:`kpca.vision_cls.input.compiled_rand_augment`,
+compute their pixels with compiled copies of Pillow's loops (:mod:`kpca.vision_cls.input.workers.compiled_rand_augment`,
 bit-identical).
 
 Legend: H x W decoded image, h x w crop box, S output side, C channels (3).
@@ -39,7 +39,7 @@ from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
 from kpca.attention.errors import OptionError
-from kpca.vision_cls.input.compiled_rand_augment import with_compiled_ops
+from kpca.vision_cls.input.workers.compiled_rand_augment import with_compiled_ops
 
 # Pillow's filter for each mode timm may pick, as torch names it: "nearest-exact" samples pixel centres as PIL does.
 TORCH_INTERPOLATION = {

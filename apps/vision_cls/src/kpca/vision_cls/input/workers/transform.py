@@ -3,12 +3,12 @@
 timm's ``transforms_imagenet_train`` builds DeiT's stages (random resized crop, horizontal flip, RandAugment or
 colour jitter) on PIL images: with ``input="timm"`` they run as they are, on PIL-decoded images, bit-identical to
 timm (the reference). With ``input="turbo"`` they become their tensor equivalents
-(:func:`kpca.vision_cls.input.turbo.turbo_stages`), on the file bytes the training ImageFolder reads. timm's own
+(:func:`kpca.vision_cls.input.workers.turbo.turbo_stages`), on the file bytes the training ImageFolder reads. timm's own
 tensor stage is replaced (it would normalise; the model normalises inside), so both paths end in a uint8
 (3, S, S) tensor. With ``augment_on="device"`` the workers stop there
-(:class:`kpca.vision_cls.input.device_augment.DeviceTrainAugment` finishes after transfer); with ``"workers"`` the
-float conversion and :class:`~kpca.vision_cls.input.random_erasing.PixelSpaceRandomErasing` follow, per image; with
-``"device_randaugment"`` the workers also leave RandAugment out (it runs batched on the device).
+(:class:`kpca.vision_cls.input.device.tail.DeviceTrainAugment` finishes after transfer); with ``"workers"`` the
+float conversion and :class:`~kpca.vision_cls.input.workers.random_erasing.PixelSpaceRandomErasing` follow, per
+image; with ``"device_randaugment"`` the workers also leave RandAugment out (it runs batched on the device).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from timm.data.transforms_factory import transforms_imagenet_train
 from torchvision import transforms
 from torchvision.datasets.folder import default_loader
 
-from kpca.vision_cls.input.device_augment import uint8_to_unit
+from kpca.vision_cls.input.device.tail import uint8_to_unit
 from kpca.vision_cls.input.options import UINT8_LOADER, AugmentOn
-from kpca.vision_cls.input.random_erasing import PixelSpaceRandomErasing
-from kpca.vision_cls.input.turbo import read_image_bytes, turbo_stages
+from kpca.vision_cls.input.workers.random_erasing import PixelSpaceRandomErasing
+from kpca.vision_cls.input.workers.turbo import read_image_bytes, turbo_stages
 
 
 def timm_train_stages(
