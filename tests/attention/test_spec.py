@@ -2,7 +2,7 @@
 
 import re
 import sys
-from typing import get_args, get_type_hints
+from typing import Literal, get_args, get_type_hints
 
 import lightning.pytorch as pl
 import pytest
@@ -18,7 +18,7 @@ from kpca.attention import (
     register_attention_kind,
 )
 from kpca.attention import spec as spec_module
-from kpca.attention.spec import KINDS
+from kpca.attention.spec import kinds
 
 
 def test_build_each_kind():
@@ -39,7 +39,7 @@ def test_every_kind_builds_its_module():
         "scaled_s": (ScaledAttention, False),
         "scaled_alpha": (AlphaAsymAttention, False),
     }
-    assert set(KINDS) == set(expected)  # a new kind gets a row here
+    assert set(kinds()) == set(expected)  # a new kind gets a row here
     for kind, (cls, symmetric) in expected.items():
         module = AttentionSpec(kind=kind, num_tokens=5).build(24, 3, qkv_bias=True)
         assert type(module) is cls and module.symmetric == symmetric and module.qkv.bias is not None, kind
@@ -101,10 +101,8 @@ def test_lightning_cli_reports_bad_spec(capsys):
 
 @pytest.fixture
 def registry(monkeypatch):
-    """The kind registry, restored after the test (a registration rebinds ``KINDS`` and ``AttentionKind``)."""
+    """The kind registry, restored after the test."""
     monkeypatch.setattr(spec_module, "_REGISTRY", dict(spec_module._REGISTRY))
-    monkeypatch.setattr(spec_module, "KINDS", spec_module.KINDS)
-    monkeypatch.setattr(spec_module, "AttentionKind", spec_module.AttentionKind)
 
 
 def _plain(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> torch.nn.Module:
@@ -112,17 +110,16 @@ def _plain(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> torch.nn.
 
 
 def test_the_kinds_and_their_literal_come_from_the_registry():
-    assert KINDS == ("softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha")
-    assert get_args(spec_module.AttentionKind) == KINDS
-    assert get_type_hints(AttentionSpec)["kind"] == spec_module.AttentionKind  # what LightningCLI reads
+    assert kinds() == ("softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha")
+    assert get_type_hints(AttentionSpec)["kind"] == Literal[kinds()]  # what LightningCLI reads
     assert spec_module.registered_kind("rpc").others == "symmetric"
-    assert all(spec_module.registered_kind(kind).others is None for kind in KINDS if kind != "rpc")
+    assert all(spec_module.registered_kind(kind).others is None for kind in kinds() if kind != "rpc")
 
 
 @pytest.mark.usefixtures("registry")
 def test_a_registered_kind_builds_and_is_a_cli_choice(tmp_path):
     register_attention_kind("plain_rest_symmetric", others="symmetric")(_plain)
-    assert spec_module.KINDS[-1] == "plain_rest_symmetric"
+    assert kinds()[-1] == "plain_rest_symmetric"
     assert "plain_rest_symmetric" in get_args(get_type_hints(AttentionSpec)["kind"])
     spec = AttentionSpec(kind="plain_rest_symmetric", layers=[1], backend="torch")
     assert type(spec.build(24, 3)) is SoftmaxAttention and not spec.build(24, 3).symmetric
@@ -147,10 +144,10 @@ def test_a_registered_kind_builds_and_is_a_cli_choice(tmp_path):
 def test_a_bad_registration_names_the_problem(name, others, match):
     with pytest.raises(ValueError, match=match):
         register_attention_kind(name, others=others)(_plain)
-    assert "fresh" not in spec_module.KINDS
+    assert "fresh" not in kinds()
 
 
 def test_an_unknown_kind_lists_the_registered_ones():
-    listed = re.escape(str(KINDS))
+    listed = re.escape(str(kinds()))
     with pytest.raises(ValueError, match=f"kind must be one of {listed}, got 'rcp'; .*register_attention_kind"):
         AttentionSpec(kind="rcp")

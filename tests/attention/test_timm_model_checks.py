@@ -26,7 +26,8 @@ from timm.models import get_notrace_functions, get_notrace_modules
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
 from kpca.attention import RPCAttention, ScaledAttention, _calls
-from kpca.attention.vit import ARCHS, FAMILIES, model_name
+from kpca.attention.spec import kinds, registered_kind
+from kpca.attention.vit import ARCHS, TIMM_DEIT, model_name
 
 # torch deprecates TorchScript (a DeprecationWarning in 2.11, a FutureWarning in 2.14); these tests check that the
 # models still script, as timm's do.
@@ -35,7 +36,8 @@ pytestmark = [
     for category in ("DeprecationWarning", "FutureWarning")
 ]
 
-REGISTERED = [model_name(arch, spec.kind) for family, spec in FAMILIES.items() if family != "deit" for arch in ARCHS]
+OURS = [kind for kind in kinds() if registered_kind(kind).vit_family != TIMM_DEIT]  # softmax: timm's own DeiT
+REGISTERED = [model_name(arch, kind) for kind in OURS for arch in ARCHS]
 NAMES = ["deit_tiny_patch16_224", *REGISTERED]
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
 _CALLS = 2 + torch._C._jit_get_num_profiled_runs()

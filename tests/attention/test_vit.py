@@ -7,9 +7,16 @@ import pytest
 import timm
 import torch
 
-from kpca.attention import AlphaAsymAttention, AttentionSpec, RPCAttention, ScaledAttention, SoftmaxAttention
-from kpca.attention.spec import KINDS
-from kpca.attention.vit import ARCHS, FAMILIES, create_vit, load_vit_state_dict, model_name
+from kpca.attention import (
+    AlphaAsymAttention,
+    AttentionSpec,
+    RPCAttention,
+    ScaledAttention,
+    SoftmaxAttention,
+    register_attention_kind,
+)
+from kpca.attention import spec as spec_module
+from kpca.attention.vit import create_vit, load_vit_state_dict, model_name
 
 from .helpers import assert_vit_holds
 
@@ -17,20 +24,31 @@ TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads
 SHALLOW = {"img_size": 32, "depth": 2}  # DeiT's width and heads, 2 blocks on 2 x 2 patches: fast at any width
 
 
-def test_each_arch_has_deits_size_and_names_follow_timm():
-    assert ARCHS == {  # a reordered Arch Literal would pair its names with other sizes
-        "deit_tiny": {"embed_dim": 192, "depth": 12, "num_heads": 3},
-        "deit_small": {"embed_dim": 384, "depth": 12, "num_heads": 6},
-        "deit_base": {"embed_dim": 768, "depth": 12, "num_heads": 12},
-    }
+def test_names_follow_timm():
     assert model_name("deit_small", "softmax") == "deit_small_patch16_224"  # timm's own DeiT
     assert model_name("deit_base", "rpc") == "rpc_symvit_base_patch16_224"
+    assert model_name("deit_tiny", "scaled_alpha") == "deit_scaled_alpha_tiny_patch16_224"
 
 
-def test_every_attention_kind_has_a_vit_family():
-    assert sorted(spec.kind for spec in FAMILIES.values()) == sorted(KINDS)  # a new kind gets a family here
-    with pytest.raises(ValueError, match="attention kind 'plain' has no ViT family in kpca.attention.vit.FAMILIES"):
-        model_name("deit_tiny", "plain")
+def _plain(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> torch.nn.Module:
+    return SoftmaxAttention(dim, num_heads, backend=spec.backend, **kwargs)
+
+
+def test_a_registered_kind_names_and_builds_its_vits(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(spec_module, "_REGISTRY", dict(spec_module._REGISTRY))
+    register_attention_kind("plain", others="symmetric", vit_defaults={"layers": [1]})(_plain)  # the one registration
+    assert model_name("deit_tiny", "plain") == "deit_plain_tiny_patch16_224"
+    assert spec_module.registered_kind("plain").vit_attention() == AttentionSpec(kind="plain", layers=[1])
+    vit = create_vit("deit_tiny", AttentionSpec(kind="plain", layers=[0]), **SHALLOW)
+    assert [type(b.attn) for b in vit.blocks] == [SoftmaxAttention, SoftmaxAttention]
+    assert [b.attn.symmetric for b in vit.blocks] == [False, True]  # block 1: the registered others
+    with pytest.raises(ValueError, match="vit_family='symvit' for kind 'twin' names the ViTs of kind 'symmetric'"):
+        register_attention_kind("twin", vit_family="symvit")(_plain)
+    with pytest.raises(ValueError, match="n_iter must be >= 1"):
+        register_attention_kind("broken", vit_defaults={"n_iter": 0})(_plain)
+    assert "twin" not in spec_module.kinds() and "broken" not in spec_module.kinds()
+    with pytest.raises(ValueError, match="AttentionSpec.kind must be one of .*, got 'other'"):
+        model_name("deit_tiny", "other")
 
 
 @pytest.mark.parametrize(

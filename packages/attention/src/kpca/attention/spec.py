@@ -1,13 +1,16 @@
 """AttentionSpec, the one serialisable object with which apps and configs choose attention, and the attention kinds.
 
-Each kind is registered once, with :func:`register_attention_kind` on its builder; ``AttentionSpec.kind``'s choices
-(:data:`KINDS`, and the ``Literal`` :data:`AttentionKind` that LightningCLI reads) are derived from the registry.
+Each kind is registered once, with :func:`register_attention_kind` on its builder, in one dict keyed by kind: its
+builder, the kind of the blocks outside ``AttentionSpec.layers``, and its ViTs in timm's registry (their name prefix
+and default settings, which :mod:`kpca.attention.vit` reads). ``AttentionSpec.kind``'s choices are that dict's keys
+(:func:`kinds`), read each time a parser asks for them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 from torch import nn
@@ -31,37 +34,58 @@ class RegisteredKind:
         build: its :data:`Builder`.
         others: the kind of the blocks outside ``AttentionSpec.layers`` (``rpc``: ``symmetric``), or None to leave
             them as they are.
+        vit_family: the timm name prefix of its ViTs (``rpc_symvit`` -> ``rpc_symvit_tiny_patch16_224``).
+        vit_defaults: the ``AttentionSpec`` settings of its ViTs in timm's registry, besides ``kind``.
     """
 
     name: str
     build: Builder
     others: str | None
+    vit_family: str
+    vit_defaults: Mapping[str, Any]
+
+    def vit_attention(self, **overrides: Any) -> AttentionSpec:
+        """The attention of this kind's ViTs in timm's registry: its :attr:`vit_defaults`, then ``overrides``."""
+        return AttentionSpec(kind=self.name, **{**self.vit_defaults, **overrides})
 
 
 _REGISTRY: dict[str, RegisteredKind] = {}
-KINDS: tuple[str, ...] = ()
-"""The registered kinds, in registration order; each registration rebinds it."""
-AttentionKind: Any = str
-"""``Literal[KINDS]``, the type of ``AttentionSpec.kind`` (LightningCLI's choices); each registration rebinds it."""
+"""Every attention kind, keyed by name, in registration order."""
 
 
-def register_attention_kind(name: str, *, others: str | None = None) -> Callable[[Builder], Builder]:
+def kinds() -> tuple[str, ...]:
+    """The registered kinds, in registration order: the choices of ``AttentionSpec.kind``."""
+    return tuple(_REGISTRY)
+
+
+def register_attention_kind(
+    name: str,
+    *,
+    others: str | None = None,
+    vit_family: str | None = None,
+    vit_defaults: Mapping[str, Any] | None = None,
+) -> Callable[[Builder], Builder]:
     """Register an attention kind: decorate its :data:`Builder` with this.
 
-    ``AttentionSpec(kind=name)`` then builds with it, and :data:`KINDS` and :data:`AttentionKind` list it: a kind
-    registered before a LightningCLI parser is built is one of the parser's choices for ``attention.kind``.
+    ``AttentionSpec(kind=name)`` then builds with it, :func:`kinds` lists it (a kind registered before a LightningCLI
+    parser is built is one of the parser's choices for ``attention.kind``), and :mod:`kpca.attention.vit` builds its
+    ViTs (``create_vit``) and, for a kind registered before that module is imported, registers them in timm.
 
     Args:
         name: the kind, a Python identifier (``AttentionSpec.kind``, ``--model.attention.kind=<name>``).
         others: a registered kind that the blocks outside ``AttentionSpec.layers`` get, or None to leave them as
             they are (see :meth:`AttentionSpec.per_block`).
+        vit_family: the timm name prefix of its ViTs, ``<vit_family>_<size>_patch16_224``; None: ``deit_<name>``.
+        vit_defaults: the ``AttentionSpec`` settings of its ViTs in timm's registry, besides ``kind`` (``rpc``:
+            ``{"n_iter": 4, "lambd": 4.0, "layers": [0]}``; None: AttentionSpec's defaults);
+            ``timm.create_model(..., attention={...})`` overrides them.
 
     Raises:
-        ValueError: if ``name`` is no identifier or is registered already, or ``others`` is not registered.
+        ValueError: if ``name`` is no identifier or is registered already, ``others`` is not registered, or
+            ``vit_family`` is another kind's; ``AttentionSpec``'s own error if ``vit_defaults`` are no valid settings.
     """
 
     def register(build: Builder) -> Builder:
-        global KINDS, AttentionKind
         if not isinstance(name, str) or not name.isidentifier():
             raise OptionError(f"an attention kind's name must be a Python identifier, got {name!r}")
         if name in _REGISTRY:
@@ -69,10 +93,20 @@ def register_attention_kind(name: str, *, others: str | None = None) -> Callable
                 f"attention kind {name!r} is registered already (by {_REGISTRY[name].build.__qualname__})"
             )
         if others is not None and others not in _REGISTRY:
-            raise OptionError(f"others={others!r} for kind {name!r} is no registered kind; register it first: {KINDS}")
-        _REGISTRY[name] = RegisteredKind(name, build, others)
-        KINDS = tuple(_REGISTRY)
-        AttentionKind = Literal[KINDS]
+            raise OptionError(
+                f"others={others!r} for kind {name!r} is no registered kind; register it first: {kinds()}"
+            )
+        family = f"deit_{name}" if vit_family is None else vit_family
+        owner = next((entry.name for entry in _REGISTRY.values() if entry.vit_family == family), None)
+        if owner is not None:
+            raise OptionError(f"vit_family={family!r} for kind {name!r} names the ViTs of kind {owner!r}; pick another")
+        entry = RegisteredKind(name, build, others, family, MappingProxyType(dict(vit_defaults or {})))
+        _REGISTRY[name] = entry
+        try:
+            entry.vit_attention()  # its ViTs' default settings make a valid AttentionSpec
+        except (TypeError, ValueError):
+            del _REGISTRY[name]
+            raise
         return build
 
     return register
@@ -87,7 +121,7 @@ def registered_kind(name: str) -> RegisteredKind:
     entry = _REGISTRY.get(name) if isinstance(name, str) else None
     if entry is None:
         raise OptionError(
-            f"AttentionSpec.kind must be one of {KINDS}, got {name!r}; a new kind is registered with "
+            f"AttentionSpec.kind must be one of {kinds()}, got {name!r}; a new kind is registered with "
             "kpca.attention.register_attention_kind"
         )
     return entry
@@ -105,7 +139,7 @@ class AttentionSpec:
           layers: [0]
 
     Args:
-        kind: one of :data:`KINDS`: ``softmax`` (asymmetric, DeiT), ``symmetric`` (SymViT), ``rpc``
+        kind: one of :func:`kinds`: ``softmax`` (asymmetric, DeiT), ``symmetric`` (SymViT), ``rpc``
             (RPC-SymViT), the paper's scaled-attention variants of asymmetric attention ``scaled_s``
             (``A (I − S) V``, a learnable H x N x N ``S`` per layer, init 0) and ``scaled_alpha``
             (``A (I − α softmax(K Kᵀ/√D)) V``, a learnable scalar α per layer, init 0), or a kind registered
@@ -121,7 +155,7 @@ class AttentionSpec:
             ViT (patches + prefix tokens).
     """  # noqa: D214, D405 (the YAML key ``attention:`` above is no docstring section)
 
-    kind: AttentionKind = "softmax"
+    kind: Literal[kinds()] = "softmax"  # the registered kinds when a parser reads the type: LightningCLI's choices
     n_iter: int = 4
     lambd: float = 4.0
     layers: Literal["all"] | list[int] = "all"
@@ -184,17 +218,19 @@ class AttentionSpec:
         return registered_kind(self.kind).build(self, dim, num_heads, **kwargs)
 
 
-@register_attention_kind("softmax")
+@register_attention_kind("softmax", vit_family="deit")  # timm's own DeiT: timm registers deit_<size>_patch16_224
 def _softmax(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return SoftmaxAttention(dim, num_heads, backend=spec.backend, **kwargs)
 
 
-@register_attention_kind("symmetric")
+@register_attention_kind("symmetric", vit_family="symvit")
 def _symmetric(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return SoftmaxAttention(dim, num_heads, symmetric=True, backend=spec.backend, **kwargs)
 
 
-@register_attention_kind("rpc", others="symmetric")
+@register_attention_kind(
+    "rpc", others="symmetric", vit_family="rpc_symvit", vit_defaults={"n_iter": 4, "lambd": 4.0, "layers": [0]}
+)  # RPC-SymViT: PAP in block 0 (the paper's example), symmetric attention elsewhere
 def _rpc(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return RPCAttention(
         dim, num_heads, n_iter=spec.n_iter, lambd=spec.lambd, convention=spec.convention, backend=spec.backend, **kwargs

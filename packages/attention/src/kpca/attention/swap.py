@@ -51,8 +51,9 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
     for i, (block, target) in enumerate(zip(blocks, spec.per_block(len(blocks)), strict=True)):
         if target is None:
             continue
-        new, weights = _convert(block.attn, target)
-        swaps.append(AttentionSwap(i, type(block.attn).__name__, type(new).__name__, weights))
+        old = block.attn
+        new = target.build(**_shape_of(old))
+        swaps.append(AttentionSwap(i, type(old).__name__, type(new).__name__, _move_weights(old, new)))
         block.attn = new
     return swaps
 
@@ -68,42 +69,44 @@ def _vit_num_tokens(model: nn.Module) -> int:
     return patches + int(getattr(model, "num_prefix_tokens", 1))
 
 
-def _convert(old: nn.Module, spec: AttentionSpec) -> tuple[nn.Module, str]:
-    """A new attention module of ``spec.kind`` shaped like ``old``, with ``old``'s weights where they fit."""
+def _shape_of(old: nn.Module) -> dict:
+    """The :meth:`AttentionSpec.build` arguments of a module shaped like ``old`` (timm's ``Attention`` or ours)."""
     qkv, proj = getattr(old, "qkv", None), getattr(old, "proj", None)
     if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear) or not hasattr(old, "num_heads"):
         raise TypeError(f"cannot swap {type(old).__name__}: expected timm Attention layout (qkv, proj, num_heads)")
-    num_heads = old.num_heads
+    return {
+        "dim": qkv.in_features,
+        "num_heads": old.num_heads,
+        "attn_head_dim": attention_dim(old) // old.num_heads,
+        "dim_out": proj.out_features,
+        "qkv_bias": qkv.bias is not None,
+        "proj_bias": proj.bias is not None,
+        "gated": getattr(old, "gate", None) is not None,
+        "attn_drop": old.attn_drop.p,
+        "proj_drop": old.proj_drop.p,
+        "device": qkv.weight.device,
+        "dtype": qkv.weight.dtype,
+    }
+
+
+def _move_weights(old: nn.Module, new: nn.Module) -> str:
+    """Carry ``old``'s norms, weights and mode over to ``new`` (its replacement); what moved."""
     attn_dim = attention_dim(old)
-    old_symmetric = has_symmetric_qkv(old)
-    new = spec.build(
-        qkv.in_features,
-        num_heads,
-        attn_head_dim=attn_dim // num_heads,
-        dim_out=proj.out_features,
-        qkv_bias=qkv.bias is not None,
-        proj_bias=proj.bias is not None,
-        gated=getattr(old, "gate", None) is not None,
-        attn_drop=old.attn_drop.p,
-        proj_drop=old.proj_drop.p,
-        device=qkv.weight.device,
-        dtype=qkv.weight.dtype,
-    )
+    old_symmetric, new_symmetric = has_symmetric_qkv(old), new.symmetric
     new.is_causal = getattr(old, "is_causal", False)
     new.k_norm = copy.deepcopy(old.k_norm)
     new.norm = copy.deepcopy(getattr(old, "norm", nn.Identity()))
-    new_symmetric = new.symmetric
     if not new_symmetric:
         new.q_norm = copy.deepcopy(old.k_norm if old_symmetric else old.q_norm)
     with torch.no_grad():
         for name in ("weight", "bias"):
-            src = getattr(qkv, name)
+            src = getattr(old.qkv, name)
             if src is not None:
                 getattr(new.qkv, name).copy_(convert_qkv_rows(src, attn_dim, new_symmetric))
-        new.proj.load_state_dict(proj.state_dict())
+        new.proj.load_state_dict(old.proj.state_dict())
         if new.gate is not None:
             new.gate.load_state_dict(old.gate.state_dict())
     new.train(old.training)
     if old_symmetric == new_symmetric:
-        return new, "all"
-    return new, "K, V kept; Q dropped" if new_symmetric else "K, V kept; Q initialised from K"
+        return "all"
+    return "K, V kept; Q dropped" if new_symmetric else "K, V kept; Q initialised from K"

@@ -6,7 +6,11 @@ import it. Importing it registers with timm, for each size ``tiny`` / ``small`` 
 
 - ``symvit_<size>_patch16_224``: SymViT (symmetric attention in every block);
 - ``rpc_symvit_<size>_patch16_224``: RPC-SymViT (PAP with n_iter 4, lambd 4 in block 0, as the paper's example);
-- ``deit_scaled_s_<size>_patch16_224`` / ``deit_scaled_alpha_<size>_patch16_224``: the scaled-attention variants.
+- ``deit_scaled_s_<size>_patch16_224`` / ``deit_scaled_alpha_<size>_patch16_224``: the scaled-attention variants;
+
+one family per attention kind registered before this import, named and set by its registration
+(:func:`kpca.attention.spec.register_attention_kind`'s ``vit_family`` and ``vit_defaults``); softmax's is timm's own
+DeiT.
 
 ``timm.create_model(name, attention={"n_iter": 2, "layers": "all"}, ...)`` overrides the attention settings (any
 :class:`~kpca.attention.AttentionSpec` field but ``kind``); :func:`create_vit` builds any size with any
@@ -21,7 +25,6 @@ The registered models expect timm-normalised inputs (their ``pretrained_cfg`` me
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,46 +38,37 @@ from timm.models import VisionTransformer, build_model_with_cfg, generate_defaul
 
 from kpca.attention.errors import OptionError
 from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv, is_attention_layer, qkv_rows
-from kpca.attention.spec import AttentionSpec
+from kpca.attention.spec import AttentionSpec, kinds, registered_kind
 from kpca.attention.swap import swap_attention
 
 logger = logging.getLogger(__name__)
 
 Arch = Literal["deit_tiny", "deit_small", "deit_base"]
-"""DeiT's sizes (Touvron et al. 2021), all with patch 16 at 224 px: the one list of their names."""
+"""DeiT's sizes (Touvron et al. 2021), all with patch 16 at 224 px."""
 ARCHS: dict[str, dict[str, int]] = {
-    arch: {"embed_dim": embed_dim, "depth": 12, "num_heads": num_heads}
-    for arch, (embed_dim, num_heads) in zip(get_args(Arch), ((192, 3), (384, 6), (768, 12)), strict=True)
+    "deit_tiny": {"embed_dim": 192, "depth": 12, "num_heads": 3},
+    "deit_small": {"embed_dim": 384, "depth": 12, "num_heads": 6},
+    "deit_base": {"embed_dim": 768, "depth": 12, "num_heads": 12},
 }
-"""The dimensions of each :data:`Arch` (width and heads in the Literal's order): the one size table of the project."""
+"""The dimensions of each :data:`Arch`, keyed by its name: the one size table of the project."""
+if set(ARCHS) != set(get_args(Arch)):
+    raise ImportError(f"kpca.attention.vit: ARCHS names {sorted(ARCHS)}, Arch {sorted(get_args(Arch))}; make them one")
 PATCH_SIZE = 16
-FAMILIES: dict[str, AttentionSpec] = {
-    "deit": AttentionSpec(kind="softmax"),  # timm registers deit_<size>_patch16_224 itself
-    "symvit": AttentionSpec(kind="symmetric"),
-    "rpc_symvit": AttentionSpec(kind="rpc", n_iter=4, lambd=4.0, layers=[0]),
-    "deit_scaled_s": AttentionSpec(kind="scaled_s"),
-    "deit_scaled_alpha": AttentionSpec(kind="scaled_alpha"),
-}
-"""The model family of each attention kind, with its default attention settings."""
-_FAMILY_OF_KIND = {spec.kind: family for family, spec in FAMILIES.items()}
+TIMM_DEIT = "deit"
+"""The ViT family that timm registers itself (``deit_<size>_patch16_224``: softmax attention)."""
 _QKV_SUFFIXES = (".qkv.weight", ".qkv.bias")
 
 
 def model_name(arch: str, kind: str) -> str:
-    """The timm name of the ``arch`` ViT with attention ``kind``.
+    """The timm name of the ``arch`` ViT with attention ``kind``: ``<its vit_family>_<size>_patch16_224``.
 
     ``deit_tiny_patch16_224`` (timm's own DeiT) for ``softmax``, ``rpc_symvit_tiny_patch16_224`` for ``rpc``, and
-    so on (see :data:`FAMILIES`).
+    so on: the prefix is the kind's registration's (``register_attention_kind(..., vit_family=...)``).
 
     Raises:
-        ValueError: if no family of :data:`FAMILIES` has attention ``kind``.
+        ValueError: if ``kind`` is no registered attention kind.
     """
-    if kind not in _FAMILY_OF_KIND:
-        raise OptionError(
-            f"attention kind {kind!r} has no ViT family in kpca.attention.vit.FAMILIES ({sorted(_FAMILY_OF_KIND)} "
-            "have); add one (its timm name prefix and default AttentionSpec) to build and register its ViTs"
-        )
-    return f"{_FAMILY_OF_KIND[kind]}_{arch.removeprefix('deit_')}_patch{PATCH_SIZE}_224"
+    return f"{registered_kind(kind).vit_family}_{arch.removeprefix('deit_')}_patch{PATCH_SIZE}_224"
 
 
 def pretrained_cfg(**overrides) -> dict:
@@ -137,36 +131,35 @@ def _vit_with_attention(attention: AttentionSpec, **kwargs) -> VisionTransformer
     return vit
 
 
-def _family_attention(name: str, family: str, overrides: Mapping[str, object]) -> AttentionSpec:
-    """The family's AttentionSpec with ``overrides`` (the ``attention=`` of a registered model) applied."""
-    default = FAMILIES[family]
-    if "kind" in overrides and overrides["kind"] != default.kind:
+def _registered_attention(name: str, kind: str, overrides: Mapping[str, object]) -> AttentionSpec:
+    """The attention of timm's ``name``: its kind's registered ViT settings, with ``overrides`` (``attention=``)."""
+    if "kind" in overrides and overrides["kind"] != kind:
         raise OptionError(
-            f"{name} has attention kind {default.kind!r}; got attention={dict(overrides)!r}. Drop 'kind', or build "
+            f"{name} has attention kind {kind!r}; got attention={dict(overrides)!r}. Drop 'kind', or build "
             "another kind with kpca.attention.vit.create_vit"
         )
-    return dataclasses.replace(default, **{key: value for key, value in overrides.items() if key != "kind"})
+    return registered_kind(kind).vit_attention(**{key: value for key, value in overrides.items() if key != "kind"})
 
 
-def _entrypoint(family: str, arch: str):
-    name = model_name(arch, FAMILIES[family].kind)
+def _entrypoint(kind: str, arch: str):
+    name = model_name(arch, kind)
 
     def create(pretrained: bool = False, **kwargs) -> VisionTransformer:
-        attention = _family_attention(name, family, kwargs.pop("attention", None) or {})
+        attention = _registered_attention(name, kind, kwargs.pop("attention", None) or {})
         return _build_vit(name, attention, pretrained, **{**ARCHS[arch], "patch_size": PATCH_SIZE, **kwargs})
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    create.__doc__ = f"{name}: timm ViT of {arch}'s size with {FAMILIES[family].kind} attention (kpca.attention.vit)."
+    create.__doc__ = f"{name}: timm ViT of {arch}'s size with {kind} attention (kpca.attention.vit)."
     return create
 
 
-_REGISTERED = [(family, arch) for family in FAMILIES if family != "deit" for arch in ARCHS]
-default_cfgs = generate_default_cfgs(
-    {model_name(arch, FAMILIES[family].kind): pretrained_cfg() for family, arch in _REGISTERED}
-)
-for _family, _arch in _REGISTERED:
-    register_model(_entrypoint(_family, _arch))
+_REGISTERED = [
+    (kind, arch) for kind in kinds() if registered_kind(kind).vit_family != TIMM_DEIT for arch in ARCHS
+]  # every registered kind's ViTs but timm's own DeiTs, each size
+default_cfgs = generate_default_cfgs({model_name(arch, kind): pretrained_cfg() for kind, arch in _REGISTERED})
+for _kind, _arch in _REGISTERED:
+    register_model(_entrypoint(_kind, _arch))
 
 
 @dataclass
