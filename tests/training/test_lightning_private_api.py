@@ -104,7 +104,7 @@ PRIVATE_NAMES = {
         _accelerator_connector,
     ),
     "FitLoop._combined_loader_states_to_load": (
-        "kpca/training/loader_states.py load_pending_loader_states: the loader states Lightning leaves unapplied",
+        "kpca/training/checkpointing/restore.py load_pending_loader_states: loader states Lightning leaves unapplied",
         _fit_loop_loader_states,
     ),
     "hparams '_instantiator'": (

@@ -11,9 +11,9 @@ from lightning.pytorch.loops import _FitLoop
 from torch import nn
 from torch.utils.data import Dataset
 
+from kpca.training.checkpointing.restore import ExactResume, rng_states, set_rng_states
 from kpca.training.data import ProjectDataModule
 from kpca.training.resumable import ResumableLoader, resumable_loader
-from kpca.training.rng_state import RNGStateCheckpointing, rng_states, set_rng_states
 
 
 class Augmented(Dataset):
@@ -64,7 +64,7 @@ def test_a_mid_epoch_state_resumes_the_same_batches(monkeypatch, workers: int, d
     state, main_rngs = interrupted.state_dict(), rng_states()  # with 0 workers the items draw from the main RNGs
     del iterator, interrupted
     resumed = loader(sampler(), workers)
-    set_rng_states(main_rngs)  # as RNGStateCheckpointing does
+    set_rng_states(main_rngs)  # as ExactResume does
     resumed.load_state_dict(state)  # before iter and before Lightning's set_epoch, as Lightning does
     batches += list(resumed) + epochs(resumed, 2, 1)
     assert len(batches) == len(straight) == 18
@@ -87,7 +87,7 @@ def test_a_foreign_state_is_refused():
 
 
 def test_lightning_keeps_the_pending_loader_states_it_is_given():
-    """Canary for kpca.training.loader_states: the private names it reads exist."""
+    """Canary for kpca.training.checkpointing.restore: the private names it reads exist."""
     fit_loop = _FitLoop(pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False))
     assert fit_loop._combined_loader_states_to_load == [] and fit_loop._data_fetcher is None
     assert callable(fit_loop._load_combined_loader_states)
@@ -101,7 +101,7 @@ class Data(ProjectDataModule):
         return self.train_loader(Augmented())
 
 
-class Module(RNGStateCheckpointing, pl.LightningModule):
+class Module(ExactResume, pl.LightningModule):
     """Reads ``estimated_stepping_batches`` in ``configure_optimizers`` (a warmup in epochs does), which makes
     Lightning build the training loader before it reads the checkpoint."""
 

@@ -12,11 +12,12 @@ from kpca.training.checkpointing.resume import (
     Resume,
     check_checkpoint,
     checkpoint_problem,
+    comparable,
     find_resume,
     read_step,
     record_run_folder,
+    version_glob,
 )
-from kpca.training.cli import ProjectCLI, _version_glob
 
 T0 = 1_700_000_000 * 10**9  # a fixed mtime base in ns; each test orders its files by offsets from it
 
@@ -297,7 +298,7 @@ def test_comparable_drops_only_what_resuming_sets():
         },
         "model": {"init_args": {"version": 2, "ckpt_path": "x", "purge_step": 1, "config": "c"}},
     }
-    assert ProjectCLI._comparable(config) == {
+    assert comparable(config) == {
         "seed_everything": 1,
         "version": 4,
         "trainer": {
@@ -312,9 +313,9 @@ def test_comparable_drops_only_what_resuming_sets():
 
 
 def test_comparable_of_configs_without_the_keys():
-    assert ProjectCLI._comparable({"trainer": {"logger": None}, "a": 1}) == {"trainer": {"logger": None}, "a": 1}
-    assert ProjectCLI._comparable({"trainer": {"logger": False}}) == {"trainer": {"logger": False}}
-    assert ProjectCLI._comparable({}) == {}
+    assert comparable({"trainer": {"logger": None}, "a": 1}) == {"trainer": {"logger": None}, "a": 1}
+    assert comparable({"trainer": {"logger": False}}) == {"trainer": {"logger": False}}
+    assert comparable({}) == {}
 
 
 def test_comparable_makes_a_resumed_config_equal():
@@ -322,21 +323,21 @@ def test_comparable_makes_a_resumed_config_equal():
         logger = {"init_args": {"save_dir": "logs", "version": version, "purge_step": purge_step}}
         return {"ckpt_path": ckpt_path, "trainer": {"logger": logger, "max_epochs": 3}}
 
-    assert ProjectCLI._comparable(config(None, None, "auto")) == ProjectCLI._comparable(config("version_0", 40, "a"))
+    assert comparable(config(None, None, "auto")) == comparable(config("version_0", 40, "a"))
     different = config(None, None, "auto")
     different["trainer"]["max_epochs"] = 4
-    assert ProjectCLI._comparable(different) != ProjectCLI._comparable(config(None, None, "auto"))
+    assert comparable(different) != comparable(config(None, None, "auto"))
 
 
-def test_version_glob():
-    assert _version_glob(None) == "version_*"
-    assert _version_glob(3) == "version_3"
-    assert _version_glob(0) == "version_0"
-    assert _version_glob("run_a") == "run_a"
+def testversion_glob():
+    assert version_glob(None) == "version_*"
+    assert version_glob(3) == "version_3"
+    assert version_glob(0) == "version_0"
+    assert version_glob("run_a") == "run_a"
 
 
 def test_comparable_ignores_model_compile():
     """Compiling changes how the network runs, not what it is: a compiled rerun resumes the eager run."""
     config = {"model": {"compile": False, "lr": 0.1}, "trainer": {"max_epochs": 3}}
     compiled = {"model": {"compile": {"mode": "max-autotune"}, "lr": 0.1}, "trainer": {"max_epochs": 3}}
-    assert ProjectCLI._comparable(config) == ProjectCLI._comparable(compiled)
+    assert comparable(config) == comparable(compiled)

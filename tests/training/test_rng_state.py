@@ -6,7 +6,7 @@ import random
 import numpy as np
 import torch
 
-from kpca.training.rng_state import rng_states, set_rng_states
+from kpca.training.checkpointing.restore import rng_states, set_rng_states
 
 
 def draws() -> tuple[torch.Tensor, np.ndarray, list[float]]:

@@ -18,10 +18,8 @@ data and lists the damaged ones, building neither model nor trainer (:meth:`Proj
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -35,10 +33,8 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from kpca.attention.errors import OptionError
 from kpca.training.analysis import KernelPCAMonitor
 from kpca.training.callbacks import (
     DeferredSlurmRequeue,
@@ -50,7 +46,7 @@ from kpca.training.callbacks import (
 from kpca.training.checkpointing.callback import Checkpoint
 from kpca.training.checkpointing.io import remove_leftover_writes
 from kpca.training.checkpointing.origin import app_command, app_of, check_origin
-from kpca.training.checkpointing.resume import check_checkpoint, find_resume
+from kpca.training.checkpointing.resume import check_checkpoint, resolve_auto_resume
 from kpca.training.checkpointing.trained_options import (
     OptionDifference,
     check_weights_fit,
@@ -64,7 +60,6 @@ from kpca.training.files import write_atomic
 from kpca.training.help_text import PlainHelpFormatter
 from kpca.training.machine_checks import check_machine
 from kpca.training.parser import project_parser
-from kpca.training.run_config import without_keys
 from kpca.training.run_lock import RunLock
 from kpca.training.trainer import CHECK_DATA, ProjectTrainer
 
@@ -74,12 +69,6 @@ CHECKPOINT_IO = "kpca.training.checkpointing.io.AtomicCheckpointIO"
 AUTO_RESUME = ("auto", "last")
 """``fit --ckpt_path`` values that resume from the newest readable checkpoint of this experiment, if any."""
 LIGHTNING_CKPT_KEYWORDS = ("hpc", "best", "registry")
-RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
-RESUME_IGNORED_KEYS = (
-    "ckpt_path", "config", "trainer.logger.init_args.version", "trainer.logger.init_args.purge_step", "model.compile",
-)  # fmt: skip
-"""Config keys that resuming itself sets, and ``model.compile`` (it changes how the network runs, not what it is): a
-saved run whose config differs only in these is this experiment."""
 FIT_SUMMARY = "fit_summary.json"
 """The file :meth:`ProjectCLI.after_fit` writes into the fit's log folder: its best and last checkpoints."""
 RUN_LOCK_FILE = "fit.lock"
@@ -358,67 +347,30 @@ class ProjectCLI(LightningCLI):
         )
 
     def _resume_automatically(self, config) -> None:
-        """Point ``ckpt_path`` and the logger's version at the newest readable checkpoint of this experiment."""
-        run_logger = config.trainer.logger
-        if not (hasattr(run_logger, "class_path") and run_logger.class_path.rsplit(".", 1)[-1] in RUN_LOGGERS):
-            raise OptionError(
-                f"--ckpt_path {config.ckpt_path} finds the run folders of one TensorBoardLogger or CSVLogger, got "
-                f"trainer.logger={run_logger!r}; set one (configs/trainer/*.yaml do) or pass a checkpoint file."
-            )
-        if config.checkpoint.dirpath is not None:
-            raise OptionError(
-                f"--ckpt_path {config.ckpt_path} looks in the run folders' checkpoints/, but checkpoint.dirpath="
-                f"{config.checkpoint.dirpath!r} puts them elsewhere; unset it or pass a checkpoint file."
-            )
-        init = run_logger.init_args
-        experiment_dir = Path(init.save_dir) / (init.name or "")
-        hpc_dir = Path(config.trainer.default_root_dir or os.getcwd())
-        current = self._comparable(yaml.safe_load(self._parser("fit").dump(config, skip_none=False)))
-        self._experiment_lock = experiment_dir / f"fit-{_digest(current)}.lock"
-        resume = find_resume(
-            experiment_dir,
-            hpc_dir,
-            lambda folder: self._saved_config_is(folder / "config.yaml", current),
-            versions=_version_glob(init.version),
-        )
-        if resume.checkpoint is None and SLURMEnvironment.detect() and any(hpc_dir.glob("hpc_ckpt_*.ckpt")):
-            # Lightning restores the newest hpc_ckpt_* of default_root_dir under SLURM whenever ckpt_path is None.
-            raise OptionError(
-                f"--ckpt_path {config.ckpt_path}: this experiment has no checkpoint, but trainer.default_root_dir="
-                f"{str(hpc_dir)!r} holds SLURM hpc_ckpt_*.ckpt files of another run, which Lightning would restore "
-                "under SLURM. Give each experiment its own --trainer.default_root_dir (e.g. runs/<experiment>)."
-            )
+        """Point ``ckpt_path`` and the logger's version at the checkpoint that resuming found, and say which.
+
+        Which checkpoint is :func:`kpca.training.checkpointing.resume.resolve_auto_resume`'s rule.
+        """
+        found = resolve_auto_resume(config, yaml.safe_load(self._parser("fit").dump(config, skip_none=False)))
+        self._experiment_lock = found.lock
+        resume = found.resume
         if rank_zero_only.rank == 0:  # every process resolves the same files; one of them tells
             for path, reason in resume.skipped:
                 logger.warning("auto resume: skipping %s: %s", path, reason)
             if resume.checkpoint is None:
                 logger.info(
-                    "auto resume: no readable checkpoint of this experiment in %s; starting fresh", experiment_dir
+                    "auto resume: no readable checkpoint of this experiment in %s; starting fresh", found.experiment_dir
                 )
             else:
                 logger.info("auto resume: restoring %s (step %d)", resume.checkpoint, resume.step)
         if resume.checkpoint is None:
             config.ckpt_path = None
             return
+        init = config.trainer.logger.init_args
         config.ckpt_path = str(resume.checkpoint)
         init.version = resume.run_folder.name
         if "purge_step" in init:  # TensorBoard hides the events a killed run wrote after its last checkpoint
             init.purge_step = resume.step
-
-    @staticmethod
-    def _comparable(config: dict) -> dict:
-        """The configuration without the keys that resuming itself sets (:data:`RESUME_IGNORED_KEYS`)."""
-        return without_keys(config, RESUME_IGNORED_KEYS)
-
-    def _saved_config_is(self, path: Path, current: dict) -> bool:
-        """Whether the ``config.yaml`` a run saved at ``path`` is ``current`` but for :data:`RESUME_IGNORED_KEYS`."""
-        if not path.is_file():
-            return False
-        try:
-            saved = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError:
-            return False
-        return isinstance(saved, dict) and self._comparable(saved) == current
 
 
 def _prog(model_class: type) -> dict[str, str]:
@@ -462,18 +414,6 @@ def _remove_unused_run_folder(folder: Path) -> None:
 def _start_file(path: Path) -> bool:
     """A file that starting a run writes before any batch: its config, hparams, lock and TensorBoard event files."""
     return path.name in ("config.yaml", "hparams.yaml", RUN_LOCK_FILE) or path.name.startswith("events.out.tfevents.")
-
-
-def _version_glob(version: int | str | None) -> str:
-    """The run folders a logger ``version`` allows: all ``version_*`` when unset, else its one folder."""
-    if version is None:
-        return "version_*"
-    return f"version_{version}" if isinstance(version, int) else str(version)
-
-
-def _digest(config: dict) -> str:
-    """A short stable digest of a configuration (its lock file's name)."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _run_folder(trainer: pl.Trainer) -> Path:

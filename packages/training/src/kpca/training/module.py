@@ -14,8 +14,8 @@ from torchmetrics import MeanMetric
 
 from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.origin import record_origin
+from kpca.training.checkpointing.restore import ExactResume
 from kpca.training.checkpointing.resume import record_run_folder
-from kpca.training.rng_state import RNGStateCheckpointing
 
 ALWAYS_UNSAVED_HPARAMS = ("compile",)
 """Arguments of every :class:`NetModule` that describe how a run executes, not the model: never saved."""
@@ -100,7 +100,7 @@ def require_training_batches(trainer: pl.Trainer) -> None:
         raise OptionError(empty_training_loader_message(trainer.train_dataloader, trainer.world_size))
 
 
-class NetModule(RNGStateCheckpointing, pl.LightningModule):
+class NetModule(ExactResume, pl.LightningModule):
     """A LightningModule whose network and optimizer factory arrive as constructor arguments (so YAML swaps them).
 
     Hyper-parameters are saved by one rule for every app. Built from Python, the network is not saved (it is
@@ -108,7 +108,7 @@ class NetModule(RNGStateCheckpointing, pl.LightningModule):
     ``init_args``, so ``load_from_checkpoint`` rebuilds the model. Names in :attr:`unsaved_hparams` and
     ``compile`` are never saved: a checkpoint's hparams override the config of ``test --ckpt_path``, so
     evaluation and execution settings stay out (a model loaded from a checkpoint runs eager unless asked).
-    Checkpoints carry every rank's RNG states (:class:`RNGStateCheckpointing`), the run folder that wrote them
+    Checkpoints carry every rank's RNG states (:class:`ExactResume`), the run folder that wrote them
     (for ``--ckpt_path auto``, :mod:`kpca.training.checkpointing.resume`) and the app that wrote them (another app's
     command refuses them by name, :mod:`kpca.training.checkpointing.origin`).
 

@@ -10,7 +10,7 @@ batch (else it warns "your dataloader is not resumable" and replays the epoch fr
   would fast-forward through epoch 0's permutation;
 - the loader's own generators (seeded from ``PL_GLOBAL_SEED`` and the rank), which draw the shuffled
   order and the workers' base seeds. The global torch RNG is not touched, so the model's random numbers
-  (dropout, drop path, Mixup), which :class:`~kpca.training.rng_state.RNGStateCheckpointing` restores, are not
+  (dropout, drop path, Mixup), which :class:`~kpca.training.checkpointing.restore.ExactResume` restores, are not
   shifted by a resumed loader's draws;
 - each worker's torch / NumPy / Python RNG states after its last delivered batch (:class:`WorkerRNGDataset`):
   a resumed worker continues the random augmentations where the interrupted one stopped, instead of starting
@@ -35,7 +35,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from kpca.attention.errors import OptionError
-from kpca.training.rng_state import rng_states, set_rng_states
+from kpca.training.checkpointing.restore import rng_states, set_rng_states
 
 
 class WorkerRNGDataset(Dataset):
@@ -45,7 +45,7 @@ class WorkerRNGDataset(Dataset):
     it back to the restarted worker (after the worker init function, i.e. after Lightning's worker seeding), so
     the random transforms of a resumed worker draw what the interrupted one would have drawn next. In the main
     process (``num_workers=0``) the state is empty: there the transforms draw from the process's own RNGs, which
-    :class:`~kpca.training.rng_state.RNGStateCheckpointing` saves. Every other attribute is the wrapped dataset's.
+    :class:`~kpca.training.checkpointing.restore.ExactResume` saves. Every other attribute is the wrapped dataset's.
 
     Args:
         dataset: the map-style training set.

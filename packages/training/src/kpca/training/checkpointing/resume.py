@@ -1,4 +1,7 @@
-"""Resume by rerunning the same command: find the newest readable checkpoint of this experiment.
+"""Which checkpoint a resumed ``fit`` continues: the newest readable checkpoint of this experiment.
+
+``fit --ckpt_path auto`` (or ``last``) is resolved here (:func:`resolve_auto_resume`); what a checkpoint restores
+beyond Lightning's own state (RNG states, the loaders' positions) is :mod:`kpca.training.checkpointing.restore`.
 
 An experiment is a run folder ``<save_dir>/<name>/version_<k>`` of the TensorBoard (or CSV) logger whose
 saved ``config.yaml`` equals the current command's configuration (but for ``ckpt_path`` and the logger's
@@ -10,18 +13,31 @@ candidate that reads as a complete ``torch.save`` file wins; damaged ones are sk
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from kpca.attention.errors import OptionError
+from kpca.training.run_config import without_keys
 
 logger = logging.getLogger(__name__)
 
+RUN_LOGGERS = ("TensorBoardLogger", "CSVLogger")
+"""The loggers whose run folders (``<save_dir>/<name>/version_<k>``) automatic resume searches."""
+RESUME_IGNORED_KEYS = (
+    "ckpt_path", "config", "trainer.logger.init_args.version", "trainer.logger.init_args.purge_step", "model.compile",
+)  # fmt: skip
+"""Config keys that resuming itself sets, and ``model.compile`` (it changes how the network runs, not what it is): a
+saved run whose config differs only in these is this experiment."""
 RUN_FOLDER_KEY = "kpca_run_folder"
 """Checkpoint key holding the run folder (the logger's ``log_dir``) that wrote the checkpoint."""
 
@@ -121,3 +137,89 @@ def find_resume(
         resume.checkpoint, resume.run_folder, resume.step = path, run_folder, step
         break
     return resume
+
+
+@dataclass
+class AutoResume:
+    """What ``fit --ckpt_path auto`` resolved to.
+
+    Attributes:
+        resume: the checkpoint found (its run folder and step), or none: start fresh.
+        experiment_dir: the logger's ``<save_dir>/<name>`` folder that was searched.
+        lock: the experiment's lock file (its configuration's digest), which the fit holds so that an identical
+            command refuses even before the first checkpoint.
+    """
+
+    resume: Resume
+    experiment_dir: Path
+    lock: Path
+
+
+def comparable(config: dict) -> dict:
+    """A configuration without the keys that resuming itself sets (:data:`RESUME_IGNORED_KEYS`)."""
+    return without_keys(config, RESUME_IGNORED_KEYS)
+
+
+def saved_config_is(path: Path, current: dict) -> bool:
+    """Whether the ``config.yaml`` a run saved at ``path`` is ``current`` (a :func:`comparable` config)."""
+    if not path.is_file():
+        return False
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return False
+    return isinstance(saved, dict) and comparable(saved) == current
+
+
+def resolve_auto_resume(config, dumped: dict) -> AutoResume:
+    """Which checkpoint ``fit --ckpt_path auto`` continues: the newest readable one of this same experiment.
+
+    Args:
+        config: the parsed ``fit`` config (its ``trainer``, ``checkpoint`` and ``ckpt_path``).
+        dumped: the same config as the plain dict LightningCLI saves as ``config.yaml``.
+
+    Raises:
+        OptionError: without a TensorBoard or CSV logger, with ``checkpoint.dirpath`` set, or, under SLURM, when
+            this experiment has no checkpoint but ``default_root_dir`` holds another run's ``hpc_ckpt_*.ckpt``.
+    """
+    run_logger = config.trainer.logger
+    if not (hasattr(run_logger, "class_path") and run_logger.class_path.rsplit(".", 1)[-1] in RUN_LOGGERS):
+        raise OptionError(
+            f"--ckpt_path {config.ckpt_path} finds the run folders of one TensorBoardLogger or CSVLogger, got "
+            f"trainer.logger={run_logger!r}; set one (configs/trainer/*.yaml do) or pass a checkpoint file."
+        )
+    if config.checkpoint.dirpath is not None:
+        raise OptionError(
+            f"--ckpt_path {config.ckpt_path} looks in the run folders' checkpoints/, but checkpoint.dirpath="
+            f"{config.checkpoint.dirpath!r} puts them elsewhere; unset it or pass a checkpoint file."
+        )
+    init = run_logger.init_args
+    experiment_dir = Path(init.save_dir) / (init.name or "")
+    hpc_dir = Path(config.trainer.default_root_dir or os.getcwd())
+    current = comparable(dumped)
+    resume = find_resume(
+        experiment_dir,
+        hpc_dir,
+        lambda folder: saved_config_is(folder / "config.yaml", current),
+        versions=version_glob(init.version),
+    )
+    if resume.checkpoint is None and SLURMEnvironment.detect() and any(hpc_dir.glob("hpc_ckpt_*.ckpt")):
+        # Lightning restores the newest hpc_ckpt_* of default_root_dir under SLURM whenever ckpt_path is None.
+        raise OptionError(
+            f"--ckpt_path {config.ckpt_path}: this experiment has no checkpoint, but trainer.default_root_dir="
+            f"{str(hpc_dir)!r} holds SLURM hpc_ckpt_*.ckpt files of another run, which Lightning would restore "
+            "under SLURM. Give each experiment its own --trainer.default_root_dir (e.g. runs/<experiment>)."
+        )
+    return AutoResume(resume, experiment_dir, experiment_dir / f"fit-{_digest(current)}.lock")
+
+
+def version_glob(version: int | str | None) -> str:
+    """The run folders a logger ``version`` allows: all ``version_*`` when unset, else its one folder."""
+    if version is None:
+        return "version_*"
+    return f"version_{version}" if isinstance(version, int) else str(version)
+
+
+def _digest(config: dict) -> str:
+    """A short stable digest of a configuration (its lock file's name)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,24 +1,28 @@
-"""Per-rank RNG states in checkpoints, so that a resumed run draws the same random numbers as an unbroken one."""
+"""What a checkpoint restores beyond Lightning's own state, so that a resumed ``fit`` continues exactly.
+
+Every rank's RNG states (:class:`ExactResume`, :func:`rng_states`) and the training loaders' positions that Lightning
+2.6 leaves unapplied (:func:`load_pending_loader_states`). Which checkpoint a fit resumes from is
+:mod:`kpca.training.checkpointing.resume`.
+"""
 
 from __future__ import annotations
 
 import random
 
+import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
-from kpca.training.loader_states import load_pending_loader_states
 
+class ExactResume:
+    """LightningModule mixin: what a checkpoint restores beyond Lightning's own state, so that a resumed fit is exact.
 
-class RNGStateCheckpointing:
-    """LightningModule mixin: save every rank's torch / CUDA / NumPy / Python RNG states and restore them on resume.
-
-    Put it before ``LightningModule`` in the bases: ``class M(RNGStateCheckpointing, pl.LightningModule)``.
-    At ``on_train_start`` it also applies the training loaders' states of a mid-epoch checkpoint that Lightning
-    left pending (:func:`kpca.training.loader_states.load_pending_loader_states`), so that the data order resumes
-    with the random numbers.
+    Every rank's torch / CUDA / NumPy / Python RNG states are saved and restored; at ``on_train_start`` the training
+    loaders' states of a mid-epoch checkpoint that Lightning left pending are applied
+    (:func:`load_pending_loader_states`), so that the data order resumes with the random numbers. Put it before
+    ``LightningModule`` in the bases: ``class M(ExactResume, pl.LightningModule)``.
     """
 
     def on_train_start(self) -> None:
@@ -76,3 +80,27 @@ def set_rng_states(states: dict) -> None:
     kind, keys, pos, has_gauss, cached_gaussian = states["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached_gaussian))
     random.setstate(states["python"])
+
+
+def load_pending_loader_states(trainer: pl.Trainer) -> None:
+    """Apply the checkpoint's training loader states that Lightning 2.6 left unapplied, and restart the iterator.
+
+    Lightning applies them when the fit loop builds the training loader, and only when the loop is ``restarting``.
+    Two resumes leave them pending, and the resumed epoch then silently reads the batches of another:
+
+    - the loader was built before the checkpoint was restored, because ``configure_optimizers`` read
+      ``trainer.estimated_stepping_batches`` (a warmup in epochs): its iterator was created with the sampler still
+      at epoch 0;
+    - the checkpoint was saved at the end of an epoch: the loop is then resuming but not ``restarting``, so its
+      states (the next epoch's sampler epoch and generators) are never loaded.
+
+    Called at ``on_train_start``, before the first batch is fetched and after every ``iter`` Lightning makes of a
+    resumed fit's loader, this loads them and creates the iterator again; it does nothing when nothing is pending.
+    """
+    fit_loop = trainer.fit_loop
+    states = fit_loop._combined_loader_states_to_load
+    if not states or fit_loop._combined_loader is None or fit_loop._data_fetcher is None:
+        return
+    fit_loop._combined_loader._load_state_dicts(states)
+    fit_loop._combined_loader_states_to_load = []
+    iter(fit_loop._data_fetcher)
