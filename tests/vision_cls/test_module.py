@@ -24,7 +24,7 @@ from kpca.vision_cls.eval_data import EvalData, EvalSet
 from kpca.vision_cls.evaluation import RobustnessEvaluator
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
-from kpca.vision_cls.robustness import subset_indices
+from kpca.vision_cls.robustness import variant_indices
 from tests.cli_support import CONFIGS, CPU, run_cli
 
 # Expected in fits with EMA: the EMA copy stays in eval mode on purpose (timm's ModelEmaV3).
@@ -181,7 +181,7 @@ class PixelLinear(nn.Module):
 def batch_with_outcomes(net: nn.Module, outcomes: list[str], columns: torch.Tensor | None = None):
     """Images and labels that ``net`` classifies as listed: ``top1``, ``top5`` (2nd best) or ``miss`` (worst).
 
-    With ``columns`` the labels are positions among those logit columns (a 200-class subset).
+    With ``columns`` the labels are positions among those logit columns (a 200-class variant).
     """
     images = torch.rand(len(outcomes), 3, 4, 4)  # (B, C, H, W)
     with torch.no_grad():
@@ -228,12 +228,12 @@ def routed():
     net = PixelLinear().eval()
     evaluator = RobustnessEvaluator()
     evaluator.start(EVAL_SETS, net.num_classes, torch.device("cpu"))
-    o_columns = subset_indices("imagenet_o")
+    o_columns = variant_indices("imagenet_o")
     batches = [
         batch_with_outcomes(net, ["top1", "top1", "top5", "miss"]),
         batch_with_outcomes(net, ["top1", "top1", "miss", "miss"]),
         batch_with_outcomes(net, ["top1", "miss", "miss", "miss"]),
-        batch_with_outcomes(net, ["top1", "top1", "top1", "miss"], columns=subset_indices("imagenet_a")),
+        batch_with_outcomes(net, ["top1", "top1", "top1", "miss"], columns=variant_indices("imagenet_a")),
         (torch.rand(6, 3, 4, 4), torch.full((6,), -1)),
         (torch.rand(5, 3, 4, 4), torch.zeros(5, dtype=torch.long)),
     ]

@@ -1,4 +1,4 @@
-"""Robustness metrics on hand-made numbers (CPU, no downloads): mCE, 200-class subsets, OOD AUPR, report files."""
+"""Robustness metrics on hand-made numbers (CPU, no downloads): mCE, the 200-class variants, OOD AUPR, report files."""
 
 import csv
 import math
@@ -23,8 +23,8 @@ from kpca.vision_cls.robustness import (
     corruption_rows,
     masked_logits,
     ood_aupr,
-    subset_indices,
-    subset_synsets,
+    variant_indices,
+    variant_synsets,
 )
 from tests.vision_cls.test_data import FAST, WNIDS, make_tree
 
@@ -128,28 +128,28 @@ def test_corruption_rows():
 
 
 @pytest.mark.parametrize("name", ["imagenet_a", "imagenet_r", "imagenet_o"])
-def test_subset_indices_match_synsets_in_label_order(name):
-    indices = subset_indices(name)
-    synsets = subset_synsets(name)
+def test_variant_indices_match_synsets_in_label_order(name):
+    indices = variant_indices(name)
+    synsets = variant_synsets(name)
     assert indices.dtype == torch.long and indices.shape == (200,)
     assert torch.all(indices[1:] > indices[:-1]) and list(synsets) == sorted(synsets)
     assert len(set(synsets)) == 200
 
 
-def test_known_subset_entries():
-    assert subset_indices("imagenet_a")[:3].tolist() == [6, 11, 13]
-    assert subset_synsets("imagenet_a")[0] == "n01498041"
-    assert subset_indices("imagenet_o")[:3].tolist() == [1, 51, 70]
+def test_known_variant_entries():
+    assert variant_indices("imagenet_a")[:3].tolist() == [6, 11, 13]
+    assert variant_synsets("imagenet_a")[0] == "n01498041"
+    assert variant_indices("imagenet_o")[:3].tolist() == [1, 51, 70]
     assert IMAGENET_O_SYNSETS[0] == "n01443537" and IMAGENET_O_SYNSETS[-1] == "n13052670"
     # ImageNet-O has its own classes: it shares only 59 of its 200 wnids with ImageNet-A.
-    assert len(set(IMAGENET_O_SYNSETS) & set(subset_synsets("imagenet_a"))) == 59
+    assert len(set(IMAGENET_O_SYNSETS) & set(variant_synsets("imagenet_a"))) == 59
 
 
 def test_check_class_folders(tmp_path):
-    for wnid in subset_synsets("imagenet_r"):
+    for wnid in variant_synsets("imagenet_r"):
         (tmp_path / wnid).mkdir()
     (tmp_path / "README.txt").write_text("files are not classes")
-    assert check_class_folders(tmp_path, "imagenet_r") == subset_synsets("imagenet_r")
+    assert check_class_folders(tmp_path, "imagenet_r") == variant_synsets("imagenet_r")
     with pytest.raises(ValueError, match=r"holds 114 class folders that are not imagenet_a wnids"):
         check_class_folders(tmp_path, "imagenet_a")  # ImageNet-R shares 86 of its 200 wnids with ImageNet-A
     with pytest.raises(FileNotFoundError, match="is not a folder"):
@@ -158,14 +158,14 @@ def test_check_class_folders(tmp_path):
     with pytest.raises(ValueError, match="has no class folders"):
         check_class_folders(tmp_path / "empty", "imagenet_r")
     partial = tmp_path / "partial"
-    for wnid in subset_synsets("imagenet_r")[5:2:-1]:
+    for wnid in variant_synsets("imagenet_r")[5:2:-1]:
         (partial / wnid).mkdir(parents=True)
-    assert check_class_folders(partial, "imagenet_r") == subset_synsets("imagenet_r")[3:6]  # sorted: label order
-    message = "subset='imagenet_c' is not one of 'imagenet_a', 'imagenet_r', 'imagenet_o'; choose one of the 200-class"
+    assert check_class_folders(partial, "imagenet_r") == variant_synsets("imagenet_r")[3:6]  # sorted: label order
+    message = "variant='imagenet_c' is not one of 'imagenet_a', 'imagenet_r', 'imagenet_o'; choose one of the 200-class"
     with pytest.raises(ValueError, match=message):
-        subset_indices("imagenet_c")
+        variant_indices("imagenet_c")
     with pytest.raises(ValueError, match=message):
-        subset_synsets("imagenet_c")
+        variant_synsets("imagenet_c")
 
 
 def test_masked_logits_by_hand():
@@ -175,7 +175,7 @@ def test_masked_logits_by_hand():
     assert out.tolist() == [[3.0, 1.0, 7.0], [13.0, 11.0, 100.0]]
     assert out.argmax(1).tolist() == [2, 2]
     full = torch.zeros(4, 1000)
-    indices = subset_indices("imagenet_a")
+    indices = variant_indices("imagenet_a")
     full[torch.arange(4), indices[[0, 5, 199, 42]]] = 5.0
     assert masked_logits(full, indices).argmax(1).tolist() == [0, 5, 199, 42]
     with pytest.raises(ValueError, match=r"indices must lie in \[0, 10\)"):

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kpca.attention.errors import OptionError
 from kpca.segmentation.corruption_sets import CorruptionPreset, CorruptionSet, resolve_corruption_set
+from kpca.training.eval_subset import check_eval_subset
 from kpca.training.replaced_options import moved_into_group
 
 REPLACED_OPTIONS: dict[str, str] = moved_into_group(
@@ -64,8 +64,7 @@ class EvalData:
         for name in ("corruptions", "severities"):  # lists from Python callers
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
-        if self.subset is not None and self.subset < 1:
-            raise OptionError(f"data.eval.subset={self.subset} must be positive, or None to evaluate on all images.")
+        check_eval_subset(self.subset)
         resolve_corruption_set(self.corruption_preset, self.corruptions, self.severities)  # raises on a bad value
 
     @property

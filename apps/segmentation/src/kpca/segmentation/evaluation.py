@@ -28,6 +28,7 @@ import torch
 
 from kpca.attention.errors import OptionError
 from kpca.segmentation.corruption_sets import ELLIPTICAL_SET
+from kpca.training.eval_subset import EVAL_SUBSET
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
 from kpca.training.results.schema import ReportSchema
 from kpca.training.results.tables import markdown_table, write_report
@@ -47,11 +48,6 @@ def read_segmentation_report(path: Path) -> dict[str, float]:
                 metrics |= {f"{prefix}/{m}": float(row[m]) for m in ("mIoU", "mAcc", "aAcc") if row.get(m)}
     return metrics
 
-
-EVAL_SUBSET = Setting(
-    "data.eval.subset", None, name="eval.subset", published_text="null (every image)", old_key="data.eval_subset"
-)
-"""Every image of each evaluation set (configs saved before ``data.eval`` name it ``data.eval_subset``)."""
 
 SLIDING_WINDOW_PROTOCOL = (
     Setting("model.window", 512),

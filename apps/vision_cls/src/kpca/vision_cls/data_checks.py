@@ -179,8 +179,8 @@ def _imagenet_c_items(
     return files, problems
 
 
-def _subset_items(kind: str, root: Path) -> tuple[list[tuple[str, str]], list[DataProblem]]:
-    """Files and problems of ImageNet-A, -R or -O: the subset's wnid folders, each non-empty."""
+def _variant_items(kind: str, root: Path) -> tuple[list[tuple[str, str]], list[DataProblem]]:
+    """Files and problems of ImageNet-A, -R or -O: the variant's wnid folders, each non-empty."""
     try:
         check_class_folders(root, kind)
     except (FileNotFoundError, ValueError) as error:
@@ -191,7 +191,7 @@ def _subset_items(kind: str, root: Path) -> tuple[list[tuple[str, str]], list[Da
 def check_image_folders(
     data_root: Path,
     layout: str,
-    subset_roots: Mapping[str, Path | None],
+    variant_roots: Mapping[str, Path | None],
     imagenet_c_root: Path | None,
     imagenet_c_layout: str,
     severities: Sequence[int],
@@ -203,7 +203,7 @@ def check_image_folders(
     Args:
         data_root: the ImageFolder root holding ``train/`` and ``val/``.
         layout: the expected layout of ``data_root``, for the fixes.
-        subset_roots: ``{"imagenet_a": root or None, ...}``.
+        variant_roots: ``{"imagenet_a": root or None, ...}``: the ImageNet-A, -R and -O roots.
         imagenet_c_root: the ImageNet-C root, or None.
         imagenet_c_layout: its expected layout, for the fixes.
         severities: the ImageNet-C severities that must be present.
@@ -232,9 +232,9 @@ def check_image_folders(
                 "Give both splits the same class folders: labels come from the folder names.",
             )
         )
-    for kind, root in subset_roots.items():
+    for kind, root in variant_roots.items():
         if root is not None:
-            found, wrong = _subset_items(kind, root)
+            found, wrong = _variant_items(kind, root)
             files += found
             problems += wrong
     if imagenet_c_root is not None:

@@ -38,11 +38,12 @@ from torchvision.datasets import ImageFolder
 from kpca.attention.errors import OptionError
 from kpca.training.choices import choices
 from kpca.training.data import evenly_spaced
+from kpca.training.eval_subset import check_eval_subset
 from kpca.training.images.corruptions import check_corruptions
 from kpca.training.replaced_options import moved_into_group
 from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.image_folders import ClassListImageFolder, class_folders
-from kpca.vision_cls.robustness import SubsetName, check_class_folders, subset_synsets
+from kpca.vision_cls.robustness import VariantName, check_class_folders, variant_synsets
 
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
 IMAGENET_C_LAYOUT = "<data.eval.imagenet_c>/<corruption>/<severity>/<wnid>/* (e.g. gaussian_noise/1/n01440764/x.JPEG)"
@@ -117,8 +118,7 @@ class EvalData:
     def __post_init__(self) -> None:
         object.__setattr__(self, "corruptions", tuple(self.corruptions))  # lists from Python callers
         object.__setattr__(self, "severities", tuple(self.severities))
-        if self.subset is not None and self.subset < 1:
-            raise OptionError(f"data.eval.subset={self.subset} must be positive, or None to evaluate on all images.")
+        check_eval_subset(self.subset)
         check_corruptions(self.corruptions, self.severities)
         if (self.corruptions or self.imagenet_c) and not self.severities:
             raise OptionError(
@@ -138,12 +138,12 @@ class EvalData:
         """The ImageNet-C root as a path, or None."""
         return None if self.imagenet_c is None else Path(self.imagenet_c)
 
-    def subset_roots(self) -> dict[SubsetName, Path | None]:
+    def subset_roots(self) -> dict[VariantName, Path | None]:
         """The root folders of ImageNet-A, -R and -O, each its field of the same name (None where unset)."""
-        roots = {kind: getattr(self, kind) for kind in choices(SubsetName)}
+        roots = {kind: getattr(self, kind) for kind in choices(VariantName)}
         return {kind: None if root is None else Path(root) for kind, root in roots.items()}
 
-    def subset_root(self, kind: str) -> Path:
+    def variant_root(self, kind: str) -> Path:
         """The root folder of ImageNet-A, -R or -O (``kind``); ValueError naming the option if it is unset."""
         root = self.subset_roots().get(kind)
         if root is None:
@@ -214,7 +214,7 @@ class EvalData:
         """
         class_to_idx = {name: i for i, name in enumerate(classes)}
         if eval_set.kind in ("imagenet_a", "imagenet_r"):
-            root = self.subset_root(eval_set.kind)
+            root = self.variant_root(eval_set.kind)
             wnids = check_class_folders(root, eval_set.kind)
             missing = [w for w in wnids if w not in class_to_idx]
             if missing:
@@ -260,14 +260,14 @@ class EvalData:
         if eval_set.kind == "imagenet_o_in":
             return ClassListImageFolder(data_root / "val", _ood_classes(classes, data_root), transform=to_tensor)
         target_transform = _ood_label if eval_set.kind == "imagenet_o" else None
-        root = self.subset_root(eval_set.kind)
+        root = self.variant_root(eval_set.kind)
         return ImageFolder(str(root), transform=to_tensor, target_transform=target_transform)
 
 
 def _ood_classes(classes: Sequence[str], data_root: Path) -> list[str]:
     """ImageNet-O's 200 wnids among the training ``classes`` (of ``data_root``), sorted."""
     ours = set(classes)
-    wnids = [w for w in subset_synsets("imagenet_o") if w in ours]
+    wnids = [w for w in variant_synsets("imagenet_o") if w in ours]
     if not wnids:
         raise OptionError(
             f"data.eval.imagenet_o is set but {data_root} has none of ImageNet-O's 200 wnids as class folders; "

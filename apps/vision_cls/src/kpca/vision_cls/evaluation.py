@@ -6,7 +6,7 @@ image counts included (summed over ranks). The report (``robustness.csv``, ``met
 declared for ``kpca-report`` by :data:`ROBUSTNESS_REPORT`, registered as the ``vision_cls`` report task, with the
 protocol rules of its column groups (:func:`robustness_protocols`, docs/protocols.md); ``test`` records the run's
 protocol next to the report (``protocol.json`` and a "Protocol" section).
-Legend: B batch, K classes (1000 for ImageNet), M subset classes (200).
+Legend: B batch, K classes (1000 for ImageNet), M classes of a variant (200: ImageNet-A, -R, -O).
 """
 
 from __future__ import annotations
@@ -26,24 +26,25 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from kpca.attention.errors import OptionError
 from kpca.training.choices import choices
+from kpca.training.eval_subset import EVAL_SUBSET
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, config_entry, record_protocol
 from kpca.training.results.schema import ReportSchema
 from kpca.training.results.tables import markdown_table, write_report
 from kpca.vision_cls.attacks import AttackSpec, predicted_labels, run_attack
 from kpca.vision_cls.eval_data import EvalSet
 from kpca.vision_cls.robustness import (
-    SubsetName,
+    VariantName,
     anomaly_score,
     corruption_errors,
     corruption_rows,
     masked_logits,
     ood_aupr,
-    subset_indices,
+    variant_indices,
 )
 
 logger = logging.getLogger(__name__)
 
-_SUBSET_OF = {
+_VARIANT_OF = {
     "imagenet_a": "imagenet_a",
     "imagenet_r": "imagenet_r",
     "imagenet_o": "imagenet_o",
@@ -56,11 +57,6 @@ def read_robustness_report(path: Path) -> dict[str, float]:
     with path.open(newline="") as stream:
         return {row["metric"]: float(row["value"]) for row in csv.DictReader(stream) if row["value"] != ""}
 
-
-EVAL_SUBSET = Setting(
-    "data.eval.subset", None, name="eval.subset", published_text="null (every image)", old_key="data.eval_subset"
-)
-"""Every image of each evaluation set (configs saved before ``data.eval`` name it ``data.eval_subset``)."""
 
 FP16_AUTOCAST_CLASSIFICATION = Setting(
     "trainer.precision", "16-mixed", name="precision", default="32-true",
@@ -145,7 +141,7 @@ def robustness_protocols(config: Mapping) -> tuple[ProtocolRule, ...]:
         ProtocolRule("corrupted", r"corrupted/.+", fixed=(ON_THE_FLY_CORRUPTIONS,)),
         *(
             ProtocolRule(kind, rf"{kind}/(acc1|aupr)", (*EVAL_TRANSFORM, FP32_CLASSIFICATION))
-            for kind in choices(SubsetName)
+            for kind in choices(VariantName)
         ),
         *(attack_protocol(i, attack) for i, attack in enumerate(attacks if isinstance(attacks, list) else [])),
     )
@@ -238,12 +234,12 @@ class RobustnessEvaluator:
         self.device = device
         self._columns = {
             s.name: torch.as_tensor(
-                class_indices[s.name] if class_indices is not None else subset_indices(_SUBSET_OF[s.kind]),
+                class_indices[s.name] if class_indices is not None else variant_indices(_VARIANT_OF[s.kind]),
                 dtype=torch.long,
                 device=device,
             )
             for s in self.eval_sets
-            if s.kind in _SUBSET_OF
+            if s.kind in _VARIANT_OF
         }
         # micro: the fraction of correct images, as published (torchmetrics defaults to a macro class mean).
         self.accuracy: dict[str, MulticlassAccuracy] = {}

@@ -1,6 +1,7 @@
-"""Robustness metrics: ImageNet-C mCE, ImageNet-A/R/O class subsets, OOD AUPR, per-corruption report rows.
+"""Robustness metrics: ImageNet-C mCE, the ImageNet-A/R/O variants, OOD AUPR, per-corruption report rows.
 
-Legend: B batch, K classes of the model (1000), M classes of a 200-class subset.
+Legend: B batch, K classes of the model (1000), M classes of a variant (200).
+The variants are ImageNet-A, -R and -O: test sets of 200 of ImageNet's classes each (:data:`VariantName`).
 
 Sources, checked against each other:
 
@@ -11,7 +12,7 @@ Sources, checked against each other:
   timm validation script imports as ``imagenetc_alexnet_error_rates_list``) averages to the same
   numbers within 1e-9. Both are keyed by name: some copies pair a reordered corruption list with
   ``ALEXNET_ERR`` by position, which silently mixes up the normalisers.
-* ImageNet-A and ImageNet-R subsets are timm's ``timm/data/_info/imagenet_{a,r}_{indices,synsets}.txt``;
+* ImageNet-A's and ImageNet-R's classes are timm's ``timm/data/_info/imagenet_{a,r}_{indices,synsets}.txt``;
   they agree with ``thousand_k_to_200`` / ``imagenet_a_wnids`` in hendrycks/natural-adv-examples.
 * ImageNet-O uses **its own** 200 classes, not ImageNet-A's (the two lists share 59 wnids): in
   hendrycks/natural-adv-examples ``eval_many_models.py`` the logits are masked with
@@ -20,10 +21,10 @@ Sources, checked against each other:
   probability over the 200 masked logits, and AUPR is sklearn's ``average_precision_score`` with
   ImageNet-O as the positive class. timm ships no ImageNet-O list, so it is stored here.
 
-Label mapping for the 200-class sets: their folders hold 200 wnid sub-folders; torchvision's
-``ImageFolder`` numbers them in sorted order, which is the order of ``subset_synsets(name)`` and
-of ``subset_indices(name)`` (``check_class_folders`` checks that a folder holds the subset's wnids).
-So the ImageFolder label ``i`` is the 1000-class index ``subset_indices(name)[i]``, and
+Label mapping for the variants: their folders hold 200 wnid sub-folders; torchvision's
+``ImageFolder`` numbers them in sorted order, which is the order of ``variant_synsets(name)`` and
+of ``variant_indices(name)`` (``check_class_folders`` checks that a folder holds the variant's wnids).
+So the ImageFolder label ``i`` is the 1000-class index ``variant_indices(name)[i]``, and
 ``masked_logits(logits, indices)`` gives (B, 200) logits whose argmax is directly comparable with that label.
 """
 
@@ -84,8 +85,9 @@ ALEXNET_ERRORS_BY_SEVERITY: dict[str, tuple[float, ...]] = {
     "jpeg_compression": (0.51002, 0.54718, 0.57294, 0.65458, 0.74778),
 }
 
-SubsetName = Literal["imagenet_a", "imagenet_r", "imagenet_o"]
-"""The 200-class ImageNet test sets (ImageNet-A, -R and -O), named as their ``data.eval`` options and log prefixes."""
+VariantName = Literal["imagenet_a", "imagenet_r", "imagenet_o"]
+"""The ImageNet variants, test sets of 200 classes each (ImageNet-A, -R and -O), named as their ``data.eval`` options
+and log prefixes."""
 
 # The 200 ImageNet-O class wnids, sorted (hendrycks/natural-adv-examples eval_many_models.py, imagenet_o_wnids).
 _IMAGENET_O_WNIDS = """
@@ -212,7 +214,7 @@ def corruption_rows(summary: Mapping[str, object]) -> list[dict[str, object]]:
     return rows
 
 
-def subset_synsets(name: SubsetName) -> tuple[str, ...]:
+def variant_synsets(name: VariantName) -> tuple[str, ...]:
     """Return the 200 sorted wnids of ImageNet-A, ImageNet-R or ImageNet-O (the order of their class folders).
 
     Args:
@@ -221,30 +223,30 @@ def subset_synsets(name: SubsetName) -> tuple[str, ...]:
     Returns:
         200 wnids such as ``"n01498041"``, sorted, i.e. in ``ImageFolder`` label order.
     """
-    _check_subset(name)
+    _check_variant(name)
     if name == "imagenet_o":
         return IMAGENET_O_SYNSETS
     return _timm_info(f"{name}_synsets.txt")
 
 
-def subset_indices(name: SubsetName) -> torch.Tensor:
-    """Return the ImageNet-1K class indices of a 200-class subset, in its label order.
+def variant_indices(name: VariantName) -> torch.Tensor:
+    """Return the ImageNet-1K class indices of a variant's 200 classes, in its label order.
 
     Args:
         name: ``imagenet_a``, ``imagenet_r`` or ``imagenet_o``.
 
     Returns:
-        (200,) int64 tensor, increasing; entry ``i`` is the 1000-class index of ``subset_synsets(name)[i]``.
+        (200,) int64 tensor, increasing; entry ``i`` is the 1000-class index of ``variant_synsets(name)[i]``.
     """
-    _check_subset(name)
-    return torch.tensor(_subset_indices(name), dtype=torch.long)
+    _check_variant(name)
+    return torch.tensor(_variant_indices(name), dtype=torch.long)
 
 
-def check_class_folders(root: str | os.PathLike[str], name: SubsetName) -> tuple[str, ...]:
-    """The class folders of an ImageNet-A, -R or -O root, checked to be the subset's wnids.
+def check_class_folders(root: str | os.PathLike[str], name: VariantName) -> tuple[str, ...]:
+    """The class folders of an ImageNet-A, -R or -O root, checked to be the variant's wnids.
 
     ImageFolder labels the images by the position of their folder in the sorted folder names; the datamodule maps
-    the same names to logit columns, so labels stay right for any of the subset's wnids (all 200 on the released
+    the same names to logit columns, so labels stay right for any of the variant's wnids (all 200 on the released
     sets). A folder that is not one of them means the root belongs to another set (ImageNet-R given as
     ImageNet-A, say), which would otherwise be evaluated silently under the wrong name.
 
@@ -253,13 +255,13 @@ def check_class_folders(root: str | os.PathLike[str], name: SubsetName) -> tuple
         name: ``imagenet_a``, ``imagenet_r`` or ``imagenet_o``.
 
     Returns:
-        The folder names, sorted: ImageFolder's label order (``subset_synsets(name)`` on the released sets).
+        The folder names, sorted: ImageFolder's label order (``variant_synsets(name)`` on the released sets).
 
     Raises:
         FileNotFoundError: If ``root`` is not a folder.
-        ValueError: If ``root`` has no class folders, or folders that are not the subset's wnids.
+        ValueError: If ``root`` has no class folders, or folders that are not the variant's wnids.
     """
-    expected = subset_synsets(name)
+    expected = variant_synsets(name)
     path = Path(root)
     layout = f"{path}/<wnid>/<image> with {name}'s wnids (e.g. {expected[0]})"
     if not path.is_dir():
@@ -277,18 +279,18 @@ def check_class_folders(root: str | os.PathLike[str], name: SubsetName) -> tuple
 
 
 def masked_logits(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """Restrict 1000-class logits to a subset, so that argmax is a position in the subset's label order.
+    """Restrict 1000-class logits to some classes (a variant's), so that argmax is a position among them.
 
     Args:
         logits: (B, K) logits over the full label space.
-        indices: (M,) int64 class indices, e.g. ``subset_indices("imagenet_a")``.
+        indices: (M,) int64 class indices, e.g. ``variant_indices("imagenet_a")``.
 
     Returns:
         (B, M) logits; column ``i`` is ``logits[:, indices[i]]``.
     """
     _check_logits(logits)
     if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.dtype != torch.long:
-        raise TypeError(f"indices must be a 1-D int64 tensor such as subset_indices('imagenet_a'), got {indices!r}")
+        raise TypeError(f"indices must be a 1-D int64 tensor such as variant_indices('imagenet_a'), got {indices!r}")
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= logits.shape[1]):
         raise OptionError(f"indices must lie in [0, {logits.shape[1]}) (the logits' classes), got {indices.tolist()}")
     return logits.index_select(1, indices.to(logits.device))  # (B, M)
@@ -358,8 +360,8 @@ def _listed(label: str, names: list[str]) -> str:
     return f"{label}: {', '.join(names)}" if names else ""
 
 
-def _check_subset(name: object) -> None:
-    check_choice("subset", name, SubsetName, "choose one of the 200-class ImageNet test sets")
+def _check_variant(name: object) -> None:
+    check_choice("variant", name, VariantName, "choose one of the 200-class ImageNet test sets")
 
 
 def _check_logits(logits: object) -> None:
@@ -375,9 +377,9 @@ def _timm_info(filename: str) -> tuple[str, ...]:
 
 
 @functools.cache
-def _subset_indices(name: str) -> tuple[int, ...]:
+def _variant_indices(name: str) -> tuple[int, ...]:
     synsets_1k = _timm_info("imagenet_synsets.txt")
-    synsets = subset_synsets(name)
+    synsets = variant_synsets(name)
     if name == "imagenet_o":
         position = {wnid: i for i, wnid in enumerate(synsets_1k)}
         indices = tuple(position[wnid] for wnid in synsets)
