@@ -20,7 +20,7 @@ from torch import nn
 
 from kpca.attention import AttentionSpec, swap_attention
 from kpca.attention.errors import OptionError
-from kpca.attention.vit import Arch, create_vit, load_vit_state_dict
+from kpca.attention.vit import Arch, PixelViT
 from kpca.training.checkpointing.weights import read_state_dict
 
 logger = logging.getLogger(__name__)
@@ -126,13 +126,14 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-class Segmenter(nn.Module):
+class Segmenter(PixelViT):
     """Segmenter on pixel-space images: DeiT / SymViT / RPC-SymViT encoder and a mask-transformer decoder.
 
     ``attention.kind`` chooses the encoder (``softmax`` DeiT, ``symmetric`` SymViT, ``rpc`` RPC-SymViT with PAP in
     ``attention.layers``), ``decoder_attention`` the decoder blocks (the paper: RPC with 6 iterations in encoder
     block 0 and decoder block 0). Any input size works: images are padded to a multiple of the patch size
-    and the position embeddings (learnt for ``img_size``) are interpolated to the patch grid.
+    and the position embeddings (learnt for ``img_size``) are interpolated to the patch grid. The encoder, the
+    normalisation and ``init_from`` are :class:`kpca.attention.vit.PixelViT`'s.
 
     Args:
         arch: ``deit_tiny`` (192 wide, 3 heads), ``deit_small`` (384, 6) or ``deit_base`` (768, 12), 12 blocks,
@@ -184,10 +185,11 @@ class Segmenter(nn.Module):
         init_from: str | None = None,
         init_strict: bool = True,
     ) -> None:
-        super().__init__()
-        self.vit = create_vit(
+        super().__init__(
             arch,
             attention,
+            mean=mean,
+            std=std,
             embed_dim=embed_dim,
             depth=depth,
             num_heads=num_heads,
@@ -197,7 +199,6 @@ class Segmenter(nn.Module):
             drop_path_rate=drop_path_rate,
             dynamic_img_size=True,
         )
-        self.attention = attention
         self.decoder_attention = decoder_attention or attention
         width = self.vit.embed_dim
         self.decoder = MaskTransformerHead(
@@ -211,17 +212,9 @@ class Segmenter(nn.Module):
             dropout=decoder_dropout,
         )
         self.patch_size = patch_size
-        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
-        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
         if init_from is not None:
-            load_vit_state_dict(
-                self.vit,
-                read_state_dict(init_from),
-                strict=init_strict,
-                skip_prefixes=("head.", "fc_norm.", "head_drop."),
-                source=f"init_from={init_from!r}",
-                strict_option="init_strict=false",
-            )
+            skip = ("head.", "fc_norm.", "head_drop.")  # a classifier's head: the encoder has none
+            self.init_vit(init_from, read_state_dict(init_from), strict=init_strict, skip_prefixes=skip)
 
     @property
     def num_classes(self) -> int:
@@ -231,7 +224,7 @@ class Segmenter(nn.Module):
     def forward_masks(self, images: torch.Tensor) -> torch.Tensor:
         """Patch-level class masks of (B, 3, H, W) pixel images in [0, 1] (H, W multiples of P): (B, K, Gh, Gw)."""
         grid = (images.shape[-2] // self.patch_size, images.shape[-1] // self.patch_size)
-        tokens = self.vit.forward_features((images - self.mean) / self.std)  # (B, prefix + N, E)
+        tokens = self.vit.forward_features(self.normalise(images))  # (B, prefix + N, E)
         return self.decoder(tokens[:, self.vit.num_prefix_tokens :], grid)  # (B, K, Gh, Gw)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -249,5 +242,4 @@ class Segmenter(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names excluded from weight decay beyond biases and norms (timm's and Segmenter's lists)."""
-        encoder = {f"vit.{name}" for name in self.vit.no_weight_decay()}
-        return encoder | {f"decoder.{name}" for name in self.decoder.no_weight_decay()}
+        return super().no_weight_decay() | {f"decoder.{name}" for name in self.decoder.no_weight_decay()}

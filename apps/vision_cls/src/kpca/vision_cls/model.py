@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch import nn
 
 from kpca.attention import AttentionSpec
-from kpca.attention.vit import Arch, create_vit, load_vit_state_dict
+from kpca.attention.vit import Arch, PixelViT
 from kpca.training.checkpointing.weights import read_state_dict
 
 
-class ViTClassifier(nn.Module):
+class ViTClassifier(PixelViT):
     """DeiT / SymViT / RPC-SymViT classifier on pixel-space images.
 
     ``attention.kind`` chooses the model: ``softmax`` is DeiT, ``symmetric`` is SymViT and ``rpc``
-    is RPC-SymViT (PAP in ``attention.layers``, symmetric attention elsewhere).
+    is RPC-SymViT (PAP in ``attention.layers``, symmetric attention elsewhere). The ViT, the normalisation and
+    ``init_from`` are :class:`kpca.attention.vit.PixelViT`'s.
 
     Args:
         arch: ``deit_tiny`` (192 wide, 3 heads), ``deit_small`` (384, 6) or ``deit_base`` (768, 12),
@@ -60,10 +60,11 @@ class ViTClassifier(nn.Module):
         init_from: str | None = None,
         init_strict: bool = True,
     ) -> None:
-        super().__init__()
-        self.vit = create_vit(
+        super().__init__(
             arch,
             attention,
+            mean=mean,
+            std=std,
             embed_dim=embed_dim,
             depth=depth,
             num_heads=num_heads,
@@ -73,17 +74,8 @@ class ViTClassifier(nn.Module):
             drop_path_rate=drop_path_rate,
             drop_rate=drop_rate,
         )
-        self.attention = attention
-        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
-        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
         if init_from is not None:
-            load_vit_state_dict(
-                self.vit,
-                read_state_dict(init_from),
-                strict=init_strict,
-                source=f"init_from={init_from!r}",
-                strict_option="init_strict=false",
-            )
+            self.init_vit(init_from, read_state_dict(init_from), strict=init_strict)
 
     @property
     def num_classes(self) -> int:
@@ -92,8 +84,4 @@ class ViTClassifier(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Classify (B, 3, H, W) pixel-space images in [0, 1]; returns (B, K) logits."""
-        return self.vit((images - self.mean) / self.std)
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names excluded from weight decay beyond biases and norms (timm's list)."""
-        return {f"vit.{name}" for name in self.vit.no_weight_decay()}
+        return self.vit(self.normalise(images))

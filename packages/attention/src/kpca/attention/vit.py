@@ -19,6 +19,7 @@ its ViTs (``build_model_with_cfg``) with :func:`checkpoint_filter_fn` as its ``p
 ``pretrained=True`` converts DeiT, SymViT and RPC weights into the model's attention layout, e.g.
 ``timm.create_model("symvit_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay=dict(file="deit.pth"))``.
 :func:`load_vit_state_dict` does the same conversion for a state dict in hand and reports it (:class:`LoadReport`).
+:class:`PixelViT` is the encoder set-up both image apps' models derive from (pixels in [0, 1], ``init_from``).
 
 The registered models expect timm-normalised inputs (their ``pretrained_cfg`` mean / std).
 """
@@ -35,6 +36,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import resample_abs_pos_embed
 from timm.models import VisionTransformer, build_model_with_cfg, generate_default_cfgs, register_model
+from torch import nn
 
 from kpca.attention.errors import OptionError
 from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv, is_attention_layer, qkv_rows
@@ -108,6 +110,67 @@ def create_vit(
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     name = model_name(arch, attention.kind)
     return _build_vit(name, attention, pretrained, **{**ARCHS[arch], "patch_size": PATCH_SIZE, **kwargs})
+
+
+class PixelViT(nn.Module):
+    """A :func:`create_vit` ViT on pixel-space images in [0, 1]: the encoder set-up both image apps' models share.
+
+    Holds the ViT as ``vit`` and its ``attention``; normalises [0, 1] images itself (:meth:`normalise`, with the
+    non-persistent ``mean`` / ``std`` buffers), so that corruptions and attacks act on real pixels; and starts ``vit``
+    from a checkpoint's weights (:meth:`init_vit`). ``kpca.vision_cls.model.ViTClassifier`` and
+    ``kpca.segmentation.model.Segmenter`` derive from it.
+
+    Args:
+        arch: one of :data:`Arch`.
+        attention: which attention, in which blocks.
+        mean: per-channel mean used to normalise [0, 1] inputs.
+        std: per-channel std used to normalise [0, 1] inputs.
+        **vit_kwargs: timm ``VisionTransformer`` arguments, as :func:`create_vit` takes them.
+    """
+
+    def __init__(
+        self,
+        arch: Arch,
+        attention: AttentionSpec,
+        *,
+        mean: tuple[float, float, float],
+        std: tuple[float, float, float],
+        **vit_kwargs,
+    ) -> None:
+        super().__init__()
+        self.vit = create_vit(arch, attention, **vit_kwargs)
+        self.attention = attention
+        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
+        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)
+
+    def normalise(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) pixel-space images in [0, 1], normalised for ``vit`` with ``mean`` and ``std``."""
+        return (images - self.mean) / self.std
+
+    def init_vit(
+        self,
+        init_from: str,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        strict: bool,
+        skip_prefixes: tuple[str, ...] = (),
+    ) -> LoadReport:
+        """Start ``vit`` from ``state_dict``, the weights of the apps' ``init_from`` file, converted to its attention.
+
+        See :func:`load_vit_state_dict`; the report and the error name the ``init_from`` and ``init_strict`` options.
+        """
+        return load_vit_state_dict(
+            self.vit,
+            state_dict,
+            strict=strict,
+            skip_prefixes=skip_prefixes,
+            source=f"init_from={init_from!r}",
+            strict_option="init_strict=false",
+        )
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names excluded from weight decay beyond biases and norms (timm's list for ``vit``)."""
+        return {f"vit.{name}" for name in self.vit.no_weight_decay()}
 
 
 def _build_vit(name: str, attention: AttentionSpec, pretrained: bool, **kwargs) -> VisionTransformer:
