@@ -122,7 +122,7 @@ def vision_paths(root: Path) -> dict[str, list[Stage]]:
         ("`input: turbo`, `augment_on: device` (the default)", "turbo", "device"),
         (DEVICE_RANDAUGMENT_PATH, "turbo", "device_randaugment"),
     ):
-        transform = ImageNetDataModule(root=str(root), input=path, augment_on=augment_on).train_transform()
+        transform = ImageNetDataModule(root=str(root), input=path, augment_on=augment_on).train_input.transform()
         stages = transform.transforms
         if path == "turbo":
             stages = stages[1:]  # its DecodeRGB stage runs inside turbo_decode, timed as "decode"
@@ -168,7 +168,7 @@ def bench_device_tail(root: Path, repeats: int = 5) -> float:
     """Milliseconds per image of the device tail (uint8 -> float, batched erasing) on the CPU, batch of 64."""
     from kpca.vision_cls.data import ImageNetDataModule
 
-    tail = ImageNetDataModule(root=str(root)).device_train_augment()
+    tail = ImageNetDataModule(root=str(root)).train_input.device_tail
     batch = torch.randint(0, 256, (DEVICE_BATCH, 3, 224, 224), dtype=torch.uint8)
     times = []
     for _ in range(repeats):
@@ -185,9 +185,8 @@ def bench_device_rand_augment(root: Path, device: str, repeats: int = 3) -> floa
     """
     from kpca.vision_cls.data import ImageNetDataModule
 
-    rand_augment = (
-        ImageNetDataModule(root=str(root), augment_on="device_randaugment").device_train_augment().rand_augment
-    )
+    data = ImageNetDataModule(root=str(root), augment_on="device_randaugment")
+    rand_augment = data.train_input.device_tail.rand_augment
     batch = torch.randint(0, 256, (DEVICE_RANDAUGMENT_BATCH, 3, 224, 224), dtype=torch.uint8, device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rand_augment(batch)

@@ -86,7 +86,7 @@ def test_digits_datamodule_batches(digits_cache: Path):
     assert len(train) == 1437 // 256 * 256 // 16  # DeiT's epoch: rounded to 256 samples, repeats included
     raw, labels = next(iter(train))
     assert raw.shape == (16, 3, 32, 32) and raw.dtype == torch.uint8  # augment_on=device: finished after transfer
-    images, labels = dm.on_after_batch_transfer((raw, labels), 0)
+    images = dm.train_input.device_tail(raw)
     assert images.dtype == torch.float32 and torch.equal(images, raw.float() / 255)
     assert labels.dtype == torch.int64 and labels.min() >= 0 and labels.max() <= 9
     assert images.min() >= 0.0 and images.max() <= 1.0
@@ -100,7 +100,8 @@ def test_imagenet_tree_batches_and_classes(imagenet: Path):
     assert dm.mean == pytest.approx((0.485, 0.456, 0.406)) and dm.std == pytest.approx((0.229, 0.224, 0.225))
     dm.prepare_data()
     dm.setup("fit")
-    images, labels = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    raw, labels = next(iter(dm.train_dataloader()))
+    images = dm.train_input.device_tail(raw)
     assert images.shape == (4, 3, 32, 32) and images.min() >= 0.0 and images.max() <= 1.0
     images, labels = next(iter(dm.val_dataloader()))
     assert images.shape == (4, 3, 32, 32) and labels.tolist() == [0, 0, 1, 1]
@@ -199,13 +200,13 @@ def test_pixel_space_random_erasing_fill():
 
 
 def test_train_transform_is_deit(imagenet: Path):
-    text = repr(ImageNetDataModule(root=str(imagenet), augment_on="workers").train_transform())
+    text = repr(ImageNetDataModule(root=str(imagenet), augment_on="workers").train_input.transform())
     assert "RandomResizedCropAndInterpolation" in text and "RandAugment" in text and "bicubic" in text
     assert "ColorJitter" not in text and "Normalize" not in text and "PixelSpaceRandomErasing" in text
     data = ImageNetDataModule(root=str(imagenet))  # augment_on=device: erasing moves to the device tail
-    assert "pil_to_chw" in repr(data.train_transform()) and "Erasing" not in repr(data.train_transform())
-    assert "BatchRandomErasing(p=0.25, mode=pixel)" in repr(data.device_train_augment())
-    text = repr(ImageNetDataModule(root=str(imagenet), auto_augment=None, re_prob=0.0).train_transform())
+    assert "pil_to_chw" in repr(data.train_input.transform()) and "Erasing" not in repr(data.train_input.transform())
+    assert "BatchRandomErasing(p=0.25, mode=pixel)" in repr(data.train_input.device_tail)
+    text = repr(ImageNetDataModule(root=str(imagenet), auto_augment=None, re_prob=0.0).train_input.transform())
     assert "ColorJitter" in text and "RandomErasing" not in text
 
 

@@ -2,6 +2,7 @@
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from torchvision import transforms
 
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
-from kpca.vision_cls.input.device.tail import BatchRandomErasing, DeviceTrainAugment, uint8_to_unit
+from kpca.vision_cls.input.device.tail import BatchRandomErasing, DeviceTail, uint8_to_unit
 from kpca.vision_cls.input.workers.random_erasing import PixelSpaceRandomErasing
 from tests.cli_support import CONFIGS, run_cli, smoke_options
 
@@ -88,11 +89,12 @@ def test_device_path_without_erasing_equals_the_reference_transform():
     device = ImageNetDataModule(builtin="digits", image_size=16, re_prob=0.0, augment_on="device")
     image = random_photo()
     seed_all(3)
-    expected = reference.train_transform()(image)  # (3, 16, 16) float32
+    expected = reference.train_input.transform()(image)  # (3, 16, 16) float32
     seed_all(3)
-    worker = device.train_transform()(image)  # (3, 16, 16) uint8
+    worker = device.train_input.transform()(image)  # (3, 16, 16) uint8
     assert worker.dtype == torch.uint8 and expected.dtype == torch.float32
-    assert torch.equal(device.device_train_augment()(worker[None])[0], expected)
+    assert torch.equal(device.train_input.device_tail(worker[None])[0], expected)
+    assert torch.equal(reference.train_input.device_tail(expected[None])[0], expected)  # workers: passed through
 
 
 @pytest.mark.parametrize("probability", [0.25, 1.0])
@@ -129,20 +131,24 @@ def test_batched_erasing_const_mode_fills_the_mean():
     assert torch.allclose(fills, torch.tensor(IMAGENET_DEFAULT_MEAN)[:, None].expand_as(fills))
 
 
-def test_on_after_batch_transfer_finishes_uint8_batches_and_passes_evaluation_batches(tmp_path: Path):
+def test_on_after_batch_transfer_finishes_training_batches_and_passes_the_others(tmp_path: Path):
     data = ImageNetDataModule(builtin="digits", cache_dir=str(tmp_path), re_prob=0.0)
     images = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)
     labels = torch.tensor([1, 2])
+    data.trainer = SimpleNamespace(training=True)  # what Lightning's training loop reports
     finished, same_labels = data.on_after_batch_transfer((images, labels), 0)
     assert torch.equal(finished, images.float() / 255) and same_labels is labels
     evaluation = (finished, labels)
+    data.trainer = SimpleNamespace(training=False)  # validation, test, predict
     assert data.on_after_batch_transfer(evaluation, 0) is evaluation
 
 
-def test_device_train_augment_follows_re_prob():
-    assert ImageNetDataModule(builtin="digits", re_prob=0.0).device_train_augment().erasing is None
-    augment = ImageNetDataModule(builtin="digits", re_prob=0.25, re_mode="rand").device_train_augment()
-    assert isinstance(augment, DeviceTrainAugment) and augment.erasing.mode == "rand"
+def test_the_device_tail_follows_re_prob_and_augment_on():
+    assert ImageNetDataModule(builtin="digits", re_prob=0.0).train_input.device_tail.erasing is None
+    tail = ImageNetDataModule(builtin="digits", re_prob=0.25, re_mode="rand").train_input.device_tail
+    assert isinstance(tail, DeviceTail) and tail.to_float and tail.erasing.mode == "rand"
+    workers = ImageNetDataModule(builtin="digits", re_prob=0.25, augment_on="workers").train_input.device_tail
+    assert not workers.to_float and workers.erasing is None and workers.rand_augment is None
 
 
 def test_evaluation_images_are_unchanged_by_augment_on(digits_cache_dir: Path):
@@ -160,5 +166,5 @@ def test_evaluation_images_are_unchanged_by_augment_on(digits_cache_dir: Path):
 def test_fit_on_the_smoke_config_with_the_device_path(tmp_path: Path, digits_cache_dir: Path):
     options = smoke_options(CONFIGS / "vision_cls" / "smoke.yaml", tmp_path, digits_cache_dir)
     cli = run_cli(main, "vision-cls", "fit", *options, "--data.augment_on=device", "--trainer.fast_dev_run=2")
-    assert cli.datamodule.augment_on == "device" and cli.datamodule.re_prob > 0
+    assert cli.datamodule.train_input.options.augment_on == "device" and cli.datamodule.train_input.options.re_prob > 0
     assert cli.trainer.state.finished and cli.trainer.global_step == 2

@@ -42,13 +42,14 @@ def test_the_workers_leave_randaugment_out_and_stop_at_uint8(tmp_path: Path, pat
     root = write_tree(tmp_path / "tree")
     on_device = ImageNetDataModule(root=str(root), image_size=32, input=path, augment_on="device_randaugment")
     in_workers = ImageNetDataModule(root=str(root), image_size=32, input=path, augment_on="device")
-    moved, kept = on_device.train_transform().transforms, in_workers.train_transform().transforms
+    moved, kept = on_device.train_input.transform().transforms, in_workers.train_input.transform().transforms
     assert any(isinstance(stage, RandAugment) for stage in kept)
     assert not any(isinstance(stage, RandAugment) for stage in moved)
     if path == "turbo":
         assert isinstance(moved[-2], TensorHorizontalFlip) and moved[-1] is hwc_to_chw  # flip, then (3, S, S)
     source = (root / "train" / "n00000001" / "0.JPEG").read_bytes() if path == "turbo" else None
-    image = on_device.train_transform()(source if path == "turbo" else Image.open(root / "train/n00000001/0.JPEG"))
+    transform = on_device.train_input.transform()
+    image = transform(source if path == "turbo" else Image.open(root / "train/n00000001/0.JPEG"))
     assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)
 
 
@@ -56,7 +57,7 @@ def test_the_device_tail_runs_randaugment_then_the_float_conversion_then_erasing
     data = ImageNetDataModule(
         root=str(write_tree(tmp_path / "tree")), image_size=32, augment_on="device_randaugment", re_prob=0.25
     )
-    tail = data.device_train_augment()
+    tail = data.train_input.device_tail
     assert isinstance(tail.rand_augment, BatchRandAugment) and tail.erasing is not None
     assert timm_train_hparams(32, IMAGENET_DEFAULT_MEAN, "bicubic").items() <= tail.rand_augment.hparams.items()
     images = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
@@ -67,7 +68,7 @@ def test_the_device_tail_runs_randaugment_then_the_float_conversion_then_erasing
     assert finished.dtype == torch.float32 and torch.equal(finished, expected)
     torch.manual_seed(3)
     assert not torch.equal(finished, tail.erasing(uint8_to_unit(images)))  # RandAugment did change pixels
-    assert ImageNetDataModule(builtin="digits", augment_on="device").device_train_augment().rand_augment is None
+    assert ImageNetDataModule(builtin="digits", augment_on="device").train_input.device_tail.rand_augment is None
 
 
 @pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
@@ -77,6 +78,6 @@ def test_fit_with_randaugment_on_the_device(tmp_path: Path, digits_cache_dir: Pa
         main, "vision-cls", "fit", *options, "--data.augment_on=device_randaugment", f"--data.auto_augment={DEIT}",
         "--trainer.fast_dev_run=2",
     )  # fmt: skip
-    assert cli.datamodule.augment_on == "device_randaugment"
-    assert isinstance(cli.datamodule.device_train_augment().rand_augment, BatchRandAugment)
+    assert cli.datamodule.train_input.options.augment_on == "device_randaugment"
+    assert isinstance(cli.datamodule.train_input.device_tail.rand_augment, BatchRandAugment)
     assert cli.trainer.state.finished and cli.trainer.global_step == 2

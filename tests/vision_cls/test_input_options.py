@@ -8,10 +8,11 @@ import pytest
 from PIL import Image
 
 from kpca.training.replaced_options import replaced_option_hint
-from kpca.vision_cls import data as data_module
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.input.dali import train_input as dali_train_input
 from kpca.vision_cls.input.dali.loader import DaliTrainLoader
+from kpca.vision_cls.input.dali.train_input import DaliInput
 from kpca.vision_cls.input.options import (
     AUGMENT_ON,
     AugmentOn,
@@ -118,29 +119,18 @@ def test_old_keys_in_a_config_file_are_refused_with_the_new_spelling(
     assert f"Group 'data' does not accept option '{option}'" in error and REPLACED_OPTIONS[option] in error
 
 
-def test_dali_builds_no_pil_training_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """With data.input=dali, ``setup("fit")`` lists the training files for DALI and builds no ImageFolder over them,
-    and no worker transform; the validation set is built as on every path (evaluation never takes the DALI path)."""
+def test_dali_lists_the_training_files_and_reads_them_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With data.input=dali the datamodule holds the DALI path: ``setup("fit")`` lists the training files (no
+    ImageFolder, no worker transform) and the loader reads them; the validation set is built as on every path."""
     for split in ("train", "val"):
         for wnid in ("n01440764", "n01443537"):
             (tmp_path / split / wnid).mkdir(parents=True)
             Image.new("RGB", (40, 30)).save(tmp_path / split / wnid / "image.JPEG")
-    folders = []
-
-    class RecordingImageFolder(data_module.ImageFolder):
-        def __init__(self, root: str, *args, **kwargs) -> None:
-            folders.append(Path(root).name)
-            super().__init__(root, *args, **kwargs)
-
-    def no_worker_transform(self: ImageNetDataModule) -> None:
-        raise AssertionError("the DALI path built a DataLoader worker transform")
-
-    monkeypatch.setattr(data_module, "require_dali", lambda: None)  # DALI itself is not needed to plan the epoch
-    monkeypatch.setattr(data_module, "ImageFolder", RecordingImageFolder)
-    monkeypatch.setattr(ImageNetDataModule, "train_transform", no_worker_transform)
+    monkeypatch.setattr(dali_train_input, "require_dali", lambda: None)  # DALI itself is not needed to plan the epoch
     data = ImageNetDataModule(root=str(tmp_path), input="dali", batch_size=2, repeated_aug=1, num_workers=0)
     data.setup("fit")
-    assert data.train_set is None and "train" not in folders and len(data.val_set) == 2
-    assert [Path(path).parent.name for path, _ in data.train_samples] == ["n01440764", "n01443537"]
+    train_input = data.train_input
+    assert isinstance(train_input, DaliInput) and not hasattr(train_input, "transform") and len(data.val_set) == 2
+    assert [Path(path).parent.name for path, _ in train_input.samples] == ["n01440764", "n01443537"]
     loader = data.train_dataloader()
-    assert isinstance(loader, DaliTrainLoader) and loader.samples == data.train_samples and len(loader) == 1
+    assert isinstance(loader, DaliTrainLoader) and loader.samples == train_input.samples and len(loader) == 1

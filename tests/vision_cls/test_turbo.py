@@ -153,8 +153,8 @@ def test_deit_recipe_sees_the_same_images_within_interpolation_noise(
 ):
     root = write_photo_tree(tmp_path, photos)
     options = {"root": str(root), "auto_augment": auto_augment}
-    turbo = ImageNetDataModule(**options).train_transform()
-    timm = ImageNetDataModule(**options, input="timm").train_transform()
+    turbo = ImageNetDataModule(**options).train_input.transform()
+    timm = ImageNetDataModule(**options, input="timm").train_input.transform()
     files = sorted(str(path) for path in (root / "train").rglob("*.JPEG"))
     flips = []
     for path in files:
@@ -181,14 +181,14 @@ def test_labels_and_samples_are_imagefolders(tmp_path: Path, photos: list[Image.
     for path in ("turbo", "timm"):
         data = ImageNetDataModule(root=str(root), input=path, batch_size=2, repeated_aug=1)
         data.setup("fit")
-        labels = [data.train_set[i][1] for i in range(len(folder))]
-        assert labels == folder.targets and len(data.train_set) == len(folder)
-        image = data.train_set[0][0]
+        labels = [data.train_input.dataset[i][1] for i in range(len(folder))]
+        assert labels == folder.targets and len(data.train_input.dataset) == len(folder)
+        image = data.train_input.dataset[0][0]
         assert image.shape == (3, 224, 224) and image.dtype == torch.uint8
 
 
 def test_turbo_finishing_on_workers_ends_in_float_and_erasing(photos: list[Image.Image]):
-    transform = ImageNetDataModule(builtin="digits", augment_on="workers", image_size=32).train_transform()
+    transform = ImageNetDataModule(builtin="digits", augment_on="workers", image_size=32).train_input.transform()
     names = [getattr(stage, "__name__", type(stage).__name__) for stage in transform.transforms]
     assert names[:2] == ["DecodeRGB", "TensorRandomResizedCrop"] and names[-2:] == [
         "uint8_to_unit",
@@ -204,8 +204,8 @@ def test_demo_recipe_without_pil_stages_matches_timm(tmp_path: Path, photos: lis
     path = tmp_path / "digit.png"
     photos[1].resize((32, 32), Image.BICUBIC).save(path)
     options = {"builtin": "digits", "image_size": 32, "scale": (0.6, 1.0), "hflip": 0.0, "auto_augment": None}
-    turbo = ImageNetDataModule(**options, color_jitter=0.0).train_transform()
-    timm = ImageNetDataModule(**options, color_jitter=0.0, input="timm").train_transform()
+    turbo = ImageNetDataModule(**options, color_jitter=0.0).train_input.transform()
+    timm = ImageNetDataModule(**options, color_jitter=0.0, input="timm").train_input.transform()
     assert turbo.transforms[-1].__name__ == "hwc_to_chw"
     for seed in SEEDS:
         seed_all(seed)

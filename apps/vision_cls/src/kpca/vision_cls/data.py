@@ -2,9 +2,10 @@
 
 Every dataloader yields ``(images, labels)`` with ``images`` float32 in pixel space [0, 1], shape (B, 3, H, W), and
 ``labels`` int64, shape (B,), once on the device. The training input path (``data.input``, ``data.augment_on``)
-lives in :mod:`kpca.vision_cls.input`; with ``augment_on="device"`` (the default) the training loader stops at uint8
-images and :meth:`ImageNetDataModule.on_after_batch_transfer` finishes the transform batched on the device (float
-conversion and random erasing, :mod:`kpca.vision_cls.input.device.tail`). Under DDP the evaluation
+is one object, :attr:`ImageNetDataModule.train_input` (:mod:`kpca.vision_cls.input`): it reads the training set,
+gives the training loader, and finishes training batches on the device after transfer (with ``augment_on="device"``,
+the default, the loader stops at uint8 and the float conversion and random erasing run batched there,
+:mod:`kpca.vision_cls.input.device`). Under DDP the evaluation
 loaders (validation, test, predict) use :class:`kpca.training.data.UnpaddedDistributedSampler`, so every image counts
 exactly once on any number of ranks.
 Nothing is normalised here: the model normalises inside (with :attr:`mean` and
@@ -25,44 +26,35 @@ Folder layouts (ImageFolder-style, one sub-folder per class):
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Literal, Protocol
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.data.transforms import str_to_interp_mode
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
-from torchvision.datasets import ImageFolder
 
 from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
 from kpca.training.data import ProjectDataModule, require_built
-from kpca.training.data_checks.bad_files import BadFilesMode, check_bad_files_options
+from kpca.training.data_checks.bad_files import BadFilesMode
 from kpca.training.data_checks.problems import DataProblem
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
-from kpca.vision_cls.data_checks import (
-    check_image_folders,
-    evaluation_set,
-    require_nonempty_class_folders,
-    training_set,
-)
+from kpca.vision_cls.data_checks import check_image_folders, evaluation_set, require_nonempty_class_folders
 from kpca.vision_cls.eval_data import IMAGENET_C_LAYOUT, EvalData, EvalSet
 from kpca.vision_cls.image_folders import class_folders
-from kpca.vision_cls.input.dali.loader import DaliTrainLoader, image_folder_samples, require_dali
-from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe
-from kpca.vision_cls.input.device.rand_augment import BatchRandAugment
-from kpca.vision_cls.input.device.tail import BatchRandomErasing, DeviceTrainAugment
-from kpca.vision_cls.input.options import AugmentOn, ErasingMode, InputPath, check_input_options
-from kpca.vision_cls.input.policy import timm_train_hparams
-from kpca.vision_cls.input.samplers import RepeatAugSampler, rank_sampler
-from kpca.vision_cls.input.workers.random_erasing import PixelSpaceRandomErasing
-from kpca.vision_cls.input.workers.transform import timm_train_stages, train_image_loader, worker_train_transform
+from kpca.vision_cls.input import (
+    AugmentOn,
+    ErasingMode,
+    InputPath,
+    Interpolation,
+    TrainInput,
+    TrainOptions,
+    build_train_input,
+)
 
 Builtin = Literal["digits"]
-Interpolation = Literal["bicubic", "bilinear", "nearest"]
 
 IMAGENET_LAYOUT = "root/train/<class>/*.JPEG and root/val/<class>/*"
 
@@ -98,30 +90,6 @@ def _check_image_source(root: str | None, builtin: str | None) -> None:
         check_choice("data.builtin", builtin, Builtin, "choose it, or set data.root to an ImageFolder tree instead")
 
 
-def _check_transforms(
-    crop_pct: float,
-    scale: tuple[float, float],
-    hflip: float,
-    re_prob: float,
-    re_mode: str,
-    interpolation: str,
-    repeated_aug: int,
-) -> None:
-    """Raise ValueError naming the value and the fix if a setting of the training or evaluation transform is bad."""
-    if not 0.0 < crop_pct <= 1.0:
-        raise OptionError(f"crop_pct={crop_pct} must be in (0, 1]; DeiT uses 0.875.")
-    if not 0.0 < scale[0] <= scale[1] <= 1.0:
-        raise OptionError(f"scale={scale!r} must satisfy 0 < low <= high <= 1 (DeiT: (0.08, 1.0))")
-    if not 0.0 <= hflip <= 1.0:
-        raise OptionError(f"hflip={hflip} must be a probability in [0, 1]")
-    if not 0.0 <= re_prob <= 1.0:
-        raise OptionError(f"re_prob={re_prob} must be a probability in [0, 1]; 0 disables random erasing.")
-    check_choice("data.re_mode", re_mode, ErasingMode, "choose one of timm's RandomErasing fills")
-    check_choice("data.interpolation", interpolation, Interpolation)
-    if repeated_aug < 1:
-        raise OptionError(f"repeated_aug={repeated_aug} must be at least 1; 1 disables repeated augmentation.")
-
-
 class ImageNetDataModule(ProjectDataModule):
     """ImageNet-1K (or any ImageFolder tree, or the built-in digits) with DeiT's augmentation and robustness test sets.
 
@@ -148,7 +116,8 @@ class ImageNetDataModule(ProjectDataModule):
         color_jitter: Brightness/contrast/saturation jitter for training; as in timm it is ignored while
             ``auto_augment`` is set.
         re_prob: Random-erasing probability for training (DeiT: 0.25); 0 disables.
-        re_mode: Random-erasing fill, drawn in normalised space as in timm (see :class:`PixelSpaceRandomErasing`).
+        re_mode: Random-erasing fill, drawn in normalised space as in timm
+            (:class:`~kpca.vision_cls.input.workers.random_erasing.PixelSpaceRandomErasing`).
         input: The training input path (:mod:`kpca.vision_cls.input`). ``"turbo"``: DataLoader workers decode with
             libjpeg-turbo (``simplejpeg``; PIL for non-JPEG, CMYK or damaged files), crop, resize and flip uint8
             tensors with torch, and run timm's RandAugment with its slow ops compiled
@@ -161,15 +130,16 @@ class ImageNetDataModule(ProjectDataModule):
             ``rand-...`` or no ``auto_augment``, ``augment_on="device"`` and ``bad_files="error"``. Evaluation
             loaders decode with PIL on every path. Combinations are checked by
             :func:`~kpca.vision_cls.input.options.check_input_options`.
-        augment_on: Where the training transform finishes. ``"device"``: the loader yields uint8 (3, H, W) images
-            and the float conversion and random erasing run batched after transfer (:class:`DeviceTrainAugment`,
-            the same distributions). ``"workers"``: the DataLoader workers do both per image
-            (:class:`PixelSpaceRandomErasing`). Either way the training step sees float32 pixel-space images. With
-            ``re_prob=0`` (the digits demo) both give identical batches. ``"device_randaugment"``: the workers stop
-            after crop and flip, and timm's RandAugment (a ``rand-...`` ``auto_augment``) runs batched on the device
-            before the float conversion and erasing (:class:`BatchRandAugment`: timm's policy and Pillow's pixels,
-            drawn from torch's generator instead of Python's ``random``), which takes about a third of the workers'
-            CPU time per image off them.
+        augment_on: Where the training transform finishes (:data:`kpca.vision_cls.input.options.AUGMENT_ON`).
+            ``"device"``: the loader yields uint8 (3, H, W) images and the float conversion and random erasing run
+            batched after transfer (:mod:`kpca.vision_cls.input.device.tail`, the same distributions).
+            ``"workers"``: the DataLoader workers do both per image. Either way the training step sees float32
+            pixel-space images. With ``re_prob=0`` (the digits demo) both give identical batches.
+            ``"device_randaugment"``: the workers stop after crop and flip, and timm's RandAugment (a ``rand-...``
+            ``auto_augment``) runs batched on the device before the float conversion and erasing
+            (:mod:`kpca.vision_cls.input.device.rand_augment`: timm's policy and Pillow's pixels, drawn from torch's
+            generator instead of Python's ``random``), which takes about a third of the workers' CPU time per image
+            off them.
         interpolation: Resampling filter of the training crop, of RandAugment and of the evaluation resize.
         repeated_aug: Copies of each training sample per epoch spread over the ranks (DeiT: 3); 1 disables.
         pin_memory: Pin loaded batches in page-locked memory (only when the trainer's accelerator is not the CPU).
@@ -210,39 +180,32 @@ class ImageNetDataModule(ProjectDataModule):
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, cache_dir=cache_dir, pin_memory=pin_memory)
         _check_image_source(root, builtin)
-        _check_transforms(crop_pct, scale, hflip, re_prob, re_mode, interpolation, repeated_aug)
+        if not 0.0 < crop_pct <= 1.0:
+            raise OptionError(f"crop_pct={crop_pct} must be in (0, 1]; DeiT uses 0.875.")
         eval.check_image_size(image_size)
-        check_bad_files_options(bad_files, max_bad_fraction)
-        check_input_options(
-            input,
-            augment_on,
-            builtin=builtin,
-            auto_augment=auto_augment,
-            color_jitter=color_jitter,
-            bad_files=bad_files,
-        )
-        if input == "dali":
-            require_dali()
         self.root = Path(root) if root is not None else None
         self.builtin = builtin
         self.image_size = image_size
         self.crop_pct = crop_pct
-        self.scale = tuple(scale)
-        self.hflip = hflip
-        self.auto_augment = auto_augment
-        self.color_jitter = color_jitter
-        self.re_prob = re_prob
-        self.re_mode = re_mode
-        self.input = input
-        self.augment_on = augment_on
         self.interpolation = interpolation
-        self.repeated_aug = repeated_aug
         self.eval = eval
-        self.bad_files = bad_files
-        self.max_bad_fraction = max_bad_fraction
-        self.train_set: Dataset | None = None
-        self.train_samples: list[tuple[str, int]] | None = None
-        self._device_augment: DeviceTrainAugment | None = None
+        train = TrainOptions(
+            input=input,
+            augment_on=augment_on,
+            builtin=builtin,
+            image_size=image_size,
+            scale=tuple(scale),
+            hflip=hflip,
+            auto_augment=auto_augment,
+            color_jitter=color_jitter,
+            re_prob=re_prob,
+            re_mode=re_mode,
+            interpolation=interpolation,
+            repeated_aug=repeated_aug,
+            bad_files=bad_files,
+            max_bad_fraction=max_bad_fraction,
+        )
+        self.train_input: TrainInput = build_train_input(train)
         self.val_set: Dataset | None = None
         self.test_sets: list[Dataset] | None = None
 
@@ -268,12 +231,12 @@ class ImageNetDataModule(ProjectDataModule):
     @property
     def mean(self) -> tuple[float, float, float]:
         """Per-channel mean the model normalises with (timm's IMAGENET_DEFAULT_MEAN)."""
-        return IMAGENET_DEFAULT_MEAN
+        return self.train_input.options.mean
 
     @property
     def std(self) -> tuple[float, float, float]:
         """Per-channel std the model normalises with (timm's IMAGENET_DEFAULT_STD)."""
-        return IMAGENET_DEFAULT_STD
+        return self.train_input.options.std
 
     @property
     def eval_sets(self) -> list[EvalSet]:
@@ -294,15 +257,14 @@ class ImageNetDataModule(ProjectDataModule):
         self._check_layout()
 
     def setup(self, stage: str | None = None) -> None:
-        """Split the global batch (:class:`ProjectDataModule`) and build the datasets that ``stage`` needs."""
+        """Split the global batch (:class:`ProjectDataModule`) and build the datasets that ``stage`` needs.
+
+        For ``fit`` the training input path reads what its loader needs (:meth:`TrainInput.setup`).
+        """
         super().setup(stage)
         self._check_layout()
-        if stage in (None, "fit") and self.input == "dali" and self.train_samples is None:
-            self.train_samples = image_folder_samples(self.data_root / "train", self.classes)  # DALI reads the files
-        elif stage in (None, "fit") and self.input != "dali" and self.train_set is None:
-            loader = train_image_loader(self.input)
-            train_set = ImageFolder(str(self.data_root / "train"), transform=self.train_transform(), loader=loader)
-            self.train_set = training_set(train_set, self.bad_files, self.max_bad_fraction)
+        if stage in (None, "fit"):
+            self.train_input.setup(self.data_root, self.classes)
         if stage in (None, "fit", "validate", "predict") and self.val_set is None:
             self.val_set = evaluation_set(self._eval_dataset(EvalSet("clean", "clean")), "val")
         if stage in (None, "test") and self.test_sets is None:
@@ -330,49 +292,15 @@ class ImageNetDataModule(ProjectDataModule):
             progress,
         )
 
-    def train_transform(self) -> Callable:
-        """The DataLoader workers' training transform: uint8 (3, H, W) with the device finishing it, else float32.
-
-        timm's DeiT stages, as they are (``input="timm"``) or as their turbo equivalents (``input="turbo"``), then
-        the float conversion and random erasing with ``augment_on="workers"``
-        (:func:`kpca.vision_cls.input.workers.transform.worker_train_transform`).
-
-        Raises:
-            ValueError: For ``input="dali"``, whose transform runs in DALI's pipeline (:class:`DaliTrainRecipe`).
-        """
-        if self.input == "dali":
-            raise OptionError(
-                "data.input=dali has no DataLoader worker transform: DALI's pipeline runs it (DaliTrainRecipe)."
-            )
-        stages = timm_train_stages(
-            self.image_size, self.scale, self.hflip, self.color_jitter, self.auto_augment, self.interpolation, self.mean
-        )
-        erasing = None
-        if self.re_prob > 0:
-            erasing = PixelSpaceRandomErasing(self.re_prob, self.mean, self.std, mode=self.re_mode)
-        return worker_train_transform(self.input, self.augment_on, stages, erasing)
-
-    def device_train_augment(self) -> DeviceTrainAugment:
-        """The batched device tail: RandAugment with ``augment_on="device_randaugment"``, uint8 -> float, erasing."""
-        erasing = BatchRandomErasing(self.re_prob, self.mean, self.std, mode=self.re_mode) if self.re_prob > 0 else None
-        rand_augment = None
-        if self.augment_on == "device_randaugment":
-            hparams = timm_train_hparams(self.image_size, self.mean, self.interpolation)
-            rand_augment = BatchRandAugment(self.auto_augment, hparams)
-        return DeviceTrainAugment(erasing, rand_augment)
-
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
-        """Finish uint8 training batches on the device (:meth:`device_train_augment`); pass float batches through.
+        """Finish training batches on the device (the input path's :attr:`TrainInput.device_tail`).
 
-        Only the training loader with ``augment_on="device"`` or ``"device_randaugment"`` yields uint8 images;
-        evaluation batches are already float.
+        Lightning calls this for every batch after transfer; validation, test and predict batches pass as they are.
         """
-        images, labels = batch
-        if images.dtype != torch.uint8:
+        if self.trainer is None or not self.trainer.training:
             return batch
-        if self._device_augment is None:
-            self._device_augment = self.device_train_augment()
-        return self._device_augment(images), labels
+        images, labels = batch
+        return self.train_input.device_tail(images), labels
 
     def eval_geometry(self) -> Callable:
         """Evaluation resize (short side to ``image_size / crop_pct``) and center crop, on PIL images."""
@@ -385,48 +313,14 @@ class ImageNetDataModule(ProjectDataModule):
             ]
         )
 
-    def train_dataloader(self) -> DataLoader | DaliTrainLoader:
-        """Shuffled training batches of the per-device size, last partial batch dropped.
+    def train_dataloader(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's shuffled training batches of the per-device size (:meth:`TrainInput.loader`).
 
-        With ``repeated_aug > 1`` the sampler is a :class:`RepeatAugSampler` built for this rank and seeded with
-        ``PL_GLOBAL_SEED`` (set by ``seed_everything``; the seed Lightning gives its own samplers). Being a
-        ``DistributedSampler``, Lightning uses it as is (no wrapping) and calls its ``set_epoch`` every epoch.
-        Otherwise the loader shuffles, and under DDP Lightning swaps in its ``DistributedSampler``. With
-        ``input="dali"`` a :class:`DaliTrainLoader` reads in the order of the same samplers
-        (:meth:`_dali_train_loader`).
+        A DataLoader over the workers' ImageFolder (DeiT's :class:`~kpca.vision_cls.input.samplers.RepeatAugSampler`
+        for ``repeated_aug > 1``, seeded with ``PL_GLOBAL_SEED``, else Lightning's sampler), or the DALI loader
+        reading in the order of the same samplers; the last partial batch is dropped.
         """
-        if self.input == "dali":
-            return self._dali_train_loader()
-        train_set = require_built(self.train_set, "fit")
-        if self.repeated_aug == 1:
-            return self.train_loader(train_set)
-        trainer = self.trainer
-        sampler = RepeatAugSampler(
-            train_set,
-            num_replicas=trainer.world_size if trainer is not None else None,
-            rank=trainer.global_rank if trainer is not None else None,
-            num_repeats=self.repeated_aug,
-            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
-        )
-        return self.train_loader(train_set, sampler=sampler)
-
-    def _dali_train_loader(self) -> DaliTrainLoader:
-        """This rank's DALI loader over ``root/train``, on the trainer's device.
-
-        Its sampler is the one the workers' loader gets under DDP (:func:`kpca.vision_cls.input.samplers.rank_sampler`,
-        seeded with ``PL_GLOBAL_SEED``); Lightning calls its ``set_epoch`` as for a DataLoader's sampler.
-        """
-        samples = require_built(self.train_samples, "fit")
-        trainer = self.trainer
-        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        sampler = rank_sampler(samples, world_size, rank, self.repeated_aug, seed)
-        recipe = DaliTrainRecipe.from_timm(
-            self.image_size, self.scale, self.hflip, self.auto_augment, self.interpolation, self.mean
-        )
-        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-        threads = max(1, self.num_workers)
-        return DaliTrainLoader(samples, sampler, recipe, self.batch_size_per_device, device, threads, seed)
+        return self.train_input.loader(self)
 
     def val_dataloader(self) -> DataLoader:
         """The clean validation set."""

@@ -1,17 +1,16 @@
-"""The two options that choose the training input path, the one check of their combinations, and the removed names.
+"""The options of the training input path, the one check of them, and the names they replaced.
 
 * ``data.input``: which code turns files into training images. ``turbo`` (the default): DataLoader workers decode
-  with libjpeg-turbo (``simplejpeg``) and crop, resize and flip with torch (:mod:`kpca.vision_cls.input.workers.turbo`).
+  with libjpeg-turbo (``simplejpeg``) and crop, resize and flip with torch (:mod:`kpca.vision_cls.input.workers`).
   ``timm``: DataLoader workers run timm's own PIL transform, bit-identical to timm: the reference the other paths
-  are measured against (:mod:`kpca.vision_cls.input.workers.transform`). ``dali``: NVIDIA DALI reads, decodes and
-  augments (:mod:`kpca.vision_cls.input.dali.loader`).
-* ``data.augment_on``: where the training transform finishes. ``device`` (the default): the loader hands over uint8
-  images, converted to float and randomly erased batched on the device after transfer
-  (:mod:`kpca.vision_cls.input.device.tail`). ``workers``: the DataLoader workers do both per image
-  (:mod:`kpca.vision_cls.input.workers.random_erasing`). ``device_randaugment``: the workers stop after crop and
-  flip, and timm's RandAugment also runs batched on the device, before the float conversion and erasing
-  (:mod:`kpca.vision_cls.input.device.rand_augment`: timm's policy and Pillow's pixels, other random draws).
+  are measured against. ``dali``: NVIDIA DALI reads, decodes and augments (:mod:`kpca.vision_cls.input.dali`).
+* ``data.augment_on``: where the training transform finishes (:data:`AUGMENT_ON`, the one table of what each value
+  moves to the device). ``device`` (the default): the loader hands over uint8 images, converted to float and
+  randomly erased batched on the device after transfer. ``workers``: the DataLoader workers do both per image.
+  ``device_randaugment``: the workers stop after crop and flip, and timm's RandAugment also runs batched on the
+  device, before the float conversion and erasing (timm's policy and Pillow's pixels, other random draws).
 
+:class:`TrainOptions` holds every ``data`` option the input path reads and checks them when built:
 :func:`check_input_options` refuses every combination the paths cannot run. :data:`REPLACED_OPTIONS` gives the
 spelling that replaced ``data.backend``, ``data.worker_transform`` and ``data.device_augment``
 (:mod:`kpca.vision_cls.replaced_options` finds them in a parser's error).
@@ -19,16 +18,21 @@ spelling that replaced ``data.backend``, ``data.worker_transform`` and ``data.de
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, TypeVar
+
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice, choices
+from kpca.training.data_checks.bad_files import BadFilesMode, check_bad_files_options
 from kpca.vision_cls.input.dali.recipe import parse_rand_augment
 
 InputPath = Literal["turbo", "timm", "dali"]
 AugmentOn = Literal["device", "workers", "device_randaugment"]
 ErasingMode = Literal["pixel", "rand", "const"]
 """timm's random erasing fills (``data.re_mode``): per-pixel normal noise, one normal colour per erased box, or zero."""
+Interpolation = Literal["bicubic", "bilinear", "nearest"]
 T = TypeVar("T")
 
 
@@ -54,17 +58,34 @@ INPUT_PATHS: dict[str, str] = keyed_by_choices(
     },
 )
 """What each :data:`InputPath` runs, for the error refusing another."""
-AUGMENT_ON: dict[str, str] = keyed_by_choices(
+
+
+@dataclass(frozen=True)
+class OnDevice:
+    """What one ``data.augment_on`` value moves from the DataLoader workers to the batched device tail.
+
+    Attributes:
+        rand_augment: timm's RandAugment runs on the device (the workers leave it out).
+        float_and_erasing: The float conversion and random erasing run on the device (the workers hand over uint8).
+        description: What the value does, for the error refusing another.
+    """
+
+    rand_augment: bool
+    float_and_erasing: bool
+    description: str
+
+
+AUGMENT_ON: dict[str, OnDevice] = keyed_by_choices(
     AugmentOn,
     {
-        "device": "float conversion and random erasing batched on the device",
-        "workers": "float conversion and random erasing per image in the DataLoader workers",
-        "device_randaugment": "RandAugment, float conversion and random erasing batched on the device",
+        "device": OnDevice(False, True, "float conversion and random erasing batched on the device"),
+        "workers": OnDevice(False, False, "float conversion and random erasing per image in the DataLoader workers"),
+        "device_randaugment": OnDevice(
+            True, True, "RandAugment, float conversion and random erasing batched on the device"
+        ),
     },
 )
-"""Where each :data:`AugmentOn` finishes the transform."""
-UINT8_LOADER: tuple[str, ...] = ("device", "device_randaugment")
-"""The ``augment_on`` values whose training loader hands over uint8 images, finished on the device."""
+"""What each :data:`AugmentOn` value moves to the device: the one place that decides it."""
 WORKER_PATHS = "data.input=turbo (the default) or data.input=timm"
 
 REPLACED_OPTIONS: dict[str, str] = {
@@ -83,6 +104,58 @@ REPLACED_OPTIONS: dict[str, str] = {
 """The removed ``data`` options, each with the error text that gives its new spelling."""
 
 
+@dataclass(frozen=True)
+class TrainOptions:
+    """The ``data`` options the training input path reads; built from ImageNetDataModule's, checked when built.
+
+    Each refusal is a ValueError naming the value and the fix (:func:`check_input_options` for the combinations).
+    ``mean`` and ``std`` are the model's normalisation (timm's ImageNet values), not options.
+    """
+
+    input: InputPath
+    augment_on: AugmentOn
+    builtin: str | None
+    image_size: int
+    scale: tuple[float, float]
+    hflip: float
+    auto_augment: str | None
+    color_jitter: float
+    re_prob: float
+    re_mode: ErasingMode
+    interpolation: Interpolation
+    repeated_aug: int
+    bad_files: BadFilesMode
+    max_bad_fraction: float
+    mean: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN
+    std: tuple[float, float, float] = IMAGENET_DEFAULT_STD
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.scale[0] <= self.scale[1] <= 1.0:
+            raise OptionError(f"scale={self.scale!r} must satisfy 0 < low <= high <= 1 (DeiT: (0.08, 1.0))")
+        if not 0.0 <= self.hflip <= 1.0:
+            raise OptionError(f"hflip={self.hflip} must be a probability in [0, 1]")
+        if not 0.0 <= self.re_prob <= 1.0:
+            raise OptionError(f"re_prob={self.re_prob} must be a probability in [0, 1]; 0 disables random erasing.")
+        check_choice("data.re_mode", self.re_mode, ErasingMode, "choose one of timm's RandomErasing fills")
+        check_choice("data.interpolation", self.interpolation, Interpolation)
+        if self.repeated_aug < 1:
+            raise OptionError(f"repeated_aug={self.repeated_aug} must be at least 1; 1 disables repeated augmentation.")
+        check_bad_files_options(self.bad_files, self.max_bad_fraction)
+        check_input_options(
+            self.input,
+            self.augment_on,
+            builtin=self.builtin,
+            auto_augment=self.auto_augment,
+            color_jitter=self.color_jitter,
+            bad_files=self.bad_files,
+        )
+
+    @property
+    def on_device(self) -> OnDevice:
+        """What ``augment_on`` moves to the device (:data:`AUGMENT_ON`)."""
+        return AUGMENT_ON[self.augment_on]
+
+
 def check_input_options(
     input: InputPath,
     augment_on: AugmentOn,
@@ -94,8 +167,8 @@ def check_input_options(
 ) -> None:
     """Refuse a training input path that cannot run with the other data options.
 
-    Each refusal is a ValueError naming the value and the fix. DALI being importable is checked separately
-    (:func:`kpca.vision_cls.input.dali.loader.require_dali`), after these checks.
+    Each refusal is a ValueError naming the value and the fix. DALI being importable is checked when the DALI path is
+    built (:func:`kpca.vision_cls.input.dali.loader.require_dali`), after these checks.
 
     Args:
         input: ``data.input``: ``"turbo"``, ``"timm"`` or ``"dali"``.
@@ -107,7 +180,8 @@ def check_input_options(
         bad_files: ``data.bad_files``; DALI cannot skip a damaged file.
     """
     check_choice("data.input", input, InputPath, f"choose the input path by what it runs: {_described(INPUT_PATHS)}")
-    check_choice("data.augment_on", augment_on, AugmentOn, f"choose where to finish: {_described(AUGMENT_ON)}")
+    finishing = {name: on_device.description for name, on_device in AUGMENT_ON.items()}
+    check_choice("data.augment_on", augment_on, AugmentOn, f"choose where to finish: {_described(finishing)}")
     if augment_on == "device_randaugment":
         check_device_randaugment(input, auto_augment)
     if input != "dali":

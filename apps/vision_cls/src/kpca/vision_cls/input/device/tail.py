@@ -1,7 +1,8 @@
 """The batched tail of DeiT's training transform, run on the device after transfer: uint8 -> float, random erasing.
 
-Workers then stop at uint8 (3, H, W) tensors (4x fewer bytes to collate, pin and copy) and skip the per-image float
-conversion and erasing, as timm's ``PrefetchLoader`` does on the GPU. Mixup/CutMix already run batched on the device
+With ``data.augment_on: device`` (or ``device_randaugment``, which adds RandAugment before) the workers stop at uint8
+(3, H, W) tensors (4x fewer bytes to collate, pin and copy) and skip the per-image float conversion and erasing, as
+timm's ``PrefetchLoader`` does on the GPU. Mixup/CutMix already run batched on the device
 (:class:`~kpca.vision_cls.module.ClassificationModule`).
 
 Legend: B batch, C channels (3), H x W image, A erasing attempts.
@@ -16,7 +17,9 @@ import torch
 from torch import Tensor
 
 from kpca.training.choices import check_choice
-from kpca.vision_cls.input.options import ErasingMode
+from kpca.vision_cls.input.device.rand_augment import BatchRandAugment
+from kpca.vision_cls.input.options import ErasingMode, TrainOptions
+from kpca.vision_cls.input.policy import timm_train_hparams
 
 ERASING_ATTEMPTS = 10  # timm's RandomErasing tries this many boxes before giving up on an image
 
@@ -118,29 +121,53 @@ def _uniform_integer(counts: Tensor) -> Tensor:
     return draws.floor().clamp_max(counts - 1)
 
 
-class DeviceTrainAugment:
-    """The device tail of the training transform: RandAugment (if moved here), uint8 -> float in [0, 1], then erasing.
+class DeviceTail:
+    """The device tail of the training transform: what ``data.augment_on`` moved out of the workers, batched.
+
+    RandAugment where it moved here, then uint8 -> float in [0, 1] and random erasing where those moved here; nothing
+    with ``augment_on: workers``, whose batches arrive finished.
 
     Args:
-        erasing: The batched eraser, or None when random erasing is off.
-        rand_augment: The batched RandAugment of ``augment_on: device_randaugment``
-            (:class:`~kpca.vision_cls.input.device.rand_augment.BatchRandAugment`, uint8 -> uint8), or None when the
-            workers ran it.
+        rand_augment: The batched RandAugment (:class:`~kpca.vision_cls.input.device.rand_augment.BatchRandAugment`,
+            uint8 -> uint8), or None where the workers run it.
+        to_float: Whether batches arrive as uint8 and are converted here.
+        erasing: The batched eraser, or None (random erasing off, or run by the workers).
     """
 
     def __init__(
-        self, erasing: BatchRandomErasing | None, rand_augment: Callable[[Tensor], Tensor] | None = None
+        self,
+        rand_augment: Callable[[Tensor], Tensor] | None = None,
+        to_float: bool = True,
+        erasing: BatchRandomErasing | None = None,
     ) -> None:
-        self.erasing = erasing
         self.rand_augment = rand_augment
+        self.to_float = to_float
+        self.erasing = erasing
+
+    @classmethod
+    def from_options(cls, options: TrainOptions) -> DeviceTail:
+        """The tail of ``options.augment_on`` (:data:`kpca.vision_cls.input.options.AUGMENT_ON`)."""
+        on_device = options.on_device
+        rand_augment = None
+        if on_device.rand_augment:
+            hparams = timm_train_hparams(options.image_size, options.mean, options.interpolation)
+            rand_augment = BatchRandAugment(options.auto_augment, hparams)
+        erasing = None
+        if on_device.float_and_erasing and options.re_prob > 0:
+            erasing = BatchRandomErasing(options.re_prob, options.mean, options.std, mode=options.re_mode)
+        return cls(rand_augment, on_device.float_and_erasing, erasing)
 
     def __call__(self, images: Tensor) -> Tensor:
-        """(B, C, H, W) uint8 images -> (B, C, H, W) float32 pixel-space images, augmented as the recipe says."""
+        """(B, C, H, W) training batch -> (B, C, H, W) float32 pixel-space images, finished as the recipe says."""
         if self.rand_augment is not None:
             images = self.rand_augment(images)  # (B, C, H, W) uint8
-        unit = uint8_to_unit(images)  # (B, C, H, W)
-        return unit if self.erasing is None else self.erasing(unit)
+        if self.to_float:
+            images = uint8_to_unit(images)  # (B, C, H, W) float32
+        return images if self.erasing is None else self.erasing(images)
 
     def __repr__(self) -> str:
-        """Show the RandAugment and the eraser."""
-        return f"{type(self).__name__}(rand_augment={self.rand_augment!r}, erasing={self.erasing!r})"
+        """Show the stages."""
+        return (
+            f"{type(self).__name__}(rand_augment={self.rand_augment!r}, to_float={self.to_float}, "
+            f"erasing={self.erasing!r})"
+        )
