@@ -49,26 +49,29 @@ erratically, so use ``--threads 1`` there.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
-from harness import Check, check, rate_table, spawn, write_report
-from vision_cls import (
+from harness import (
     STEP_MODES,
+    Check,
+    add_common_options,
     autocast,
+    check,
     csv,
-    environment,
-    progress,
+    decay_groups,
+    mode_rows,
+    publish,
+    rate_table,
+    read_config,
     render_targets,
-    spawn_or_error,
+    run_rows,
+    spawn_rounds,
     synchronize,
     time_steps,
+    work,
 )
-
-# torch and Lightning are imported inside the worker functions: the parent only spawns workers and skips their
-# ~5 s of imports.
 
 MODELS = {  # name -> (label, AttentionSpec keywords), in table order
     "symmetric": ("symmetric", {"kind": "symmetric"}),
@@ -85,7 +88,6 @@ LR = 2.5e-4
 GRAD_CLIP = 0.25
 STEP_WARMUP = 2  # untimed steps before the step-time measurements
 FIT_WARMUP = 3  # untimed steps at the start of each fit
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def build_net(depth: int, spec: dict):
@@ -102,7 +104,7 @@ def build_net(depth: int, spec: dict):
 
 
 def run_step_case(case: dict) -> dict:
-    """Time forward + backward + Adam steps of one model on random tokens; returns the minimum step time (ms)."""
+    """Time forward + backward + Adam steps of one model on random tokens; returns the fastest step time (ms)."""
     import torch
     import torch.nn.functional as F
 
@@ -120,16 +122,8 @@ def run_step_case(case: dict) -> dict:
         F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
         optimizer.step()
 
-    for _ in range(STEP_WARMUP):
-        step()
-    times = []
-    for _ in range(case["steps"]):
-        synchronize(device)
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return {"time_ms": min(times) * 1e3, "steps": len(times)}
+    timings = time_steps(step, device, STEP_WARMUP, case["steps"])
+    return {"time_ms": timings["best_ms"], "steps": case["steps"]}
 
 
 def fit_setup(case: dict, folder: str):
@@ -157,13 +151,7 @@ def run_plain(case: dict, folder: str) -> list[float]:
     device = case["device"]
     loader, net = fit_setup(case, folder)
     net.to(device).train()
-    skip = net.no_weight_decay()
-    params = list(net.named_parameters())
-    groups = [
-        {"params": [p for name, p in params if p.ndim > 1 and name not in skip]},
-        {"params": [p for name, p in params if p.ndim <= 1 or name in skip], "weight_decay": 0.0},
-    ]  # LanguageModelModule's decay / no-decay rule
-    optimizer = torch.optim.Adam(groups, lr=LR)
+    optimizer = torch.optim.Adam(decay_groups(net), lr=LR)
     total = len(loader)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step / total, 1.0)))
@@ -241,21 +229,6 @@ def run_fit_case(case: dict) -> dict:
     }
 
 
-def run_case(case: dict) -> dict:
-    """Run one case in this process; the result also names the torch and Triton versions, threads and device."""
-    import torch
-
-    if case["threads"]:
-        torch.set_num_threads(case["threads"])
-    run = {"step": run_step_case, "fit": run_fit_case, "paper": run_paper_case}
-    return {**run[case["kind"]](case), **environment(case["device"])}
-
-
-def spawn_case(case: dict) -> dict:
-    """Run :func:`run_case` in a fresh interpreter and return its result."""
-    return spawn(__file__, ["--worker", json.dumps(case)])
-
-
 def target_checks(steps: dict, fits: dict) -> list[Check]:
     """(name, value, comparison, target, passed) per target, from the best step times (ms) and tokens/s."""
     specs = [
@@ -299,9 +272,7 @@ def render(step_runs: dict, fit_runs: dict, args: argparse.Namespace) -> tuple[s
         runs = ", ".join(f"{r['tokens_per_s']:.0f}" for r in fit_runs[loop])
         mean = max(r["mean_tokens_per_s"] for r in fit_runs[loop])
         lines.append(f"| {loop} | {fits[loop]:.0f} | {runs} | {mean:.0f} | {fits[loop] / fits['plain']:.2f} |")
-    lines += ["", "Targets:", "", "| measurement | value | target | result |", "|---|---:|---|---|"]
-    for name, value, op, target, passed in checks:
-        lines.append(f"| {name} | {value:.2f} | {op} {target} | {'PASS' if passed else 'FAIL'} |")
+    lines += render_targets(checks, digits=2)
     return "\n".join(lines) + "\n", all(check[-1] for check in checks)
 
 
@@ -319,10 +290,7 @@ PUBLISHED_VOCAB = 267735  # WikiText-103's word vocabulary, for which the config
 
 def read_paper_config(attention: str) -> dict:
     """What a step of the ``attention`` model needs from its published config: net arguments, sizes, Adam, clipping."""
-    import yaml
-
-    with open(os.path.join(REPO, PAPER_CONFIGS[attention][1])) as f:
-        config = yaml.safe_load(f)
+    config = read_config(PAPER_CONFIGS[attention][1])
     return {
         "init_args": config["model"]["net"]["init_args"],
         "vocab": config["data"]["tokenizer"]["vocab_size"],
@@ -383,13 +351,8 @@ def build_paper_step(case: dict):
 
 
 def run_paper_case(case: dict) -> dict:
-    """Time one model of the real-size table (see :func:`vision_cls.time_steps`)."""
+    """Time one model of the real-size table (see :func:`harness.time_steps`)."""
     return time_steps(build_paper_step(case), case["device"], case["warmup"], case["steps"])
-
-
-def paper_rows(modes: list[str]) -> list[tuple[str, str]]:
-    """The (mode, attention) rows in running order: eager ones first."""
-    return [(mode, attention) for mode in STEP_MODES if mode in modes for attention in PAPER_CONFIGS]
 
 
 def paper_targets(results: dict[tuple[str, str], dict]) -> list[Check]:
@@ -423,28 +386,21 @@ def render_paper(results: dict[tuple[str, str], dict], args: argparse.Namespace)
             results, {k: v[0] for k, v in PAPER_CONFIGS.items()}, ("attention", "tokens/s"), args.batch * args.context
         ),
     ]
-    if checks:
-        lines += ["", "Targets:", "", *render_targets(checks)]
+    lines += render_targets(checks)
     return "\n".join(lines) + "\n", all(c[-1] for c in checks)
 
 
 def main_paper_size(args: argparse.Namespace) -> int:
     """Part 3: each model and mode in its own process, then the report; 1 if one failed, or with --check a target."""
-    results = {}
-    for mode, attention in paper_rows(args.modes):
-        case = {
-            "kind": "paper",
-            "mode": mode,
-            "config": read_paper_config(attention),
-            **{key: getattr(args, key) for key in ("device", "batch", "context", "vocab", "depth", "warmup", "steps")},
-            "threads": args.threads,
-        }
-        results[mode, attention] = spawn_or_error(__file__, case)
-        print(f"{mode} {attention}: {progress(results[mode, attention])}", file=sys.stderr, flush=True)
-        write_report(args.output, render_paper(results, args)[0])  # the rows so far, if the run is cut
+    keys = ("device", "batch", "context", "vocab", "depth", "warmup", "steps", "threads")
+    sizes = {key: getattr(args, key) for key in keys}
+    cases = {
+        (mode, attention): {"kind": "paper", "mode": mode, "config": read_paper_config(attention), **sizes}
+        for mode, attention in mode_rows(args.modes, list(PAPER_CONFIGS))
+    }
+    results = run_rows(__file__, cases, lambda so_far: render_paper(so_far, args)[0], args.output)
     report, passed = render_paper(results, args)
-    print(report, end="")
-    write_report(args.output, report)
+    publish(report, args.output)
     failed = any("error" in r for r in results.values())
     return 1 if failed or (args.check and not passed) else 0
 
@@ -465,15 +421,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--fit-depth", type=int, default=None, help="layers of the fitted model (default 4; --quick: 2)")
     p.add_argument("--fit-steps", type=int, default=None, help="timed steps per fit (default 12; --quick: 6)")
     p.add_argument("--rounds", type=int, default=None, help="runs of each case, in turn (default 2; --quick: 1)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="shallower models, fewer steps, one round")
     p.add_argument("--modes", type=csv(STEP_MODES), default=list(STEP_MODES), help="part 3 (default eager,compiled)")
     p.add_argument("--warmup", type=int, default=3, help="part 3: untimed steps before the timed ones (default 3)")
     p.add_argument("--context", type=int, default=None, help="part 3: context N (default: the configs' 256)")
     p.add_argument("--vocab", type=int, default=None, help="part 3: vocabulary (default: the configs' 267,735)")
     p.add_argument("--check", action="store_true", help="exit 1 if any target fails")
-    p.add_argument("--output", help="also write the Markdown report to this path")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
+    add_common_options(p)
     args = p.parse_args()
     if args.paper_size is None:
         args.paper_size = args.device == "cuda"
@@ -501,24 +455,21 @@ def main() -> int:
     """Run every case in its own process, print the report, and return the exit status."""
     args = parse_args()
     if args.worker:
-        print(json.dumps(run_case(json.loads(args.worker))))
-        return 0
+        return work(args.worker, {"step": run_step_case, "fit": run_fit_case, "paper": run_paper_case})
     if args.paper_size:
         return main_paper_size(args)
     common = {"device": args.device, "batch": args.batch, "threads": args.threads}
-    step_runs = {name: [] for name in MODELS}
-    for _ in range(args.rounds):
-        for name in MODELS:
-            case = {**common, "kind": "step", "model": name, "depth": args.depth, "steps": args.steps}
-            step_runs[name].append(spawn_case(case))
-    fit_runs = {loop: [] for loop in LOOPS}
-    for _ in range(args.rounds):
-        for loop in LOOPS:
-            case = {**common, "kind": "fit", "loop": loop, "fit_depth": args.fit_depth, "steps": args.fit_steps}
-            fit_runs[loop].append(spawn_case(case))
+    step_cases = {
+        name: {**common, "kind": "step", "model": name, "depth": args.depth, "steps": args.steps} for name in MODELS
+    }
+    fit_cases = {
+        loop: {**common, "kind": "fit", "loop": loop, "fit_depth": args.fit_depth, "steps": args.fit_steps}
+        for loop in LOOPS
+    }
+    step_runs = spawn_rounds(__file__, step_cases, args.rounds)
+    fit_runs = spawn_rounds(__file__, fit_cases, args.rounds)
     report, passed = render(step_runs, fit_runs, args)
-    print(report, end="")
-    write_report(args.output, report)
+    publish(report, args.output)
     return 1 if args.check and not passed else 0
 
 

@@ -23,16 +23,22 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
-from harness import rate_table, write_report
-from vision_cls import STEP_MODES, autocast, csv, environment, progress, spawn_or_error, time_steps
+from harness import (
+    STEP_MODES,
+    add_common_options,
+    autocast,
+    csv,
+    mode_rows,
+    publish,
+    rate_table,
+    read_config,
+    run_rows,
+    time_steps,
+    work,
+)
 
-# torch, timm and Lightning are imported inside the worker functions: the parent only spawns workers.
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {  # attention -> (label, the app's config of the paper's ADE20K set-up)
     "symmetric": (
         "Segmenter-tiny, symmetric",
@@ -46,12 +52,9 @@ CONFIGS = {  # attention -> (label, the app's config of the paper's ADE20K set-u
 PAPER_BATCH = 8  # the configs' global batch: 8 GPUs x 1 image
 
 
-def read_config(attention: str) -> dict:
+def read_model_config(attention: str) -> dict:
     """What a step of the ``attention`` model needs from its config: the net's arguments and the optimizer."""
-    import yaml
-
-    with open(os.path.join(REPO, CONFIGS[attention][1])) as f:
-        config = yaml.safe_load(f)
+    config = read_config(CONFIGS[attention][1])
     return {"init_args": config["model"]["net"]["init_args"], "optimizer": config["model"]["optimizer"]}
 
 
@@ -90,18 +93,8 @@ def build_step(case: dict):
 
 
 def run_case(case: dict) -> dict:
-    """Time one row in this process (see :func:`vision_cls.time_steps`); also names the versions and the device."""
-    import torch
-
-    if case["threads"]:
-        torch.set_num_threads(case["threads"])
-    timings = time_steps(build_step(case), case["device"], case["warmup"], case["steps"])
-    return {**timings, **environment(case["device"])}
-
-
-def rows(modes: list[str]) -> list[tuple[str, str]]:
-    """The (mode, attention) rows in running order: eager ones first."""
-    return [(mode, attention) for mode in STEP_MODES if mode in modes for attention in CONFIGS]
+    """Time one row in this process (see :func:`harness.time_steps`)."""
+    return time_steps(build_step(case), case["device"], case["warmup"], case["steps"])
 
 
 def render(results: dict[tuple[str, str], dict], args: argparse.Namespace) -> str:
@@ -134,9 +127,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--modes", type=csv(STEP_MODES), default=list(STEP_MODES), help="default eager,compiled")
     p.add_argument("--steps", type=int, default=10, help="timed steps per row (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before them (default 3)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--output", help="also write the Markdown report to this path")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
+    add_common_options(p)
     args = p.parse_args()
     if min(args.batch, args.image_size, args.steps, args.depth or 1, args.warmup + 1) < 1:
         p.error("--batch, --image-size, --steps and --depth must be at least 1, --warmup at least 0")
@@ -147,22 +138,16 @@ def main() -> int:
     """Run every row in its own process, print the report; 1 if a row failed."""
     args = parse_args()
     if args.worker:
-        print(json.dumps(run_case(json.loads(args.worker))))
-        return 0
-    results = {}
-    for mode, attention in rows(args.modes):
-        case = {
-            "mode": mode,
-            "config": read_config(attention),
-            **{key: getattr(args, key) for key in ("device", "batch", "image_size", "depth", "warmup", "steps")},
-            "threads": args.threads,
-        }
-        results[mode, attention] = spawn_or_error(__file__, case)
-        print(f"{mode} {attention}: {progress(results[mode, attention])}", file=sys.stderr, flush=True)
-        write_report(args.output, render(results, args))  # the rows so far, if the run is cut
-    report = render(results, args)
-    print(report, end="")
-    write_report(args.output, report)
+        return work(args.worker, {"step": run_case})
+    sizes = {
+        key: getattr(args, key) for key in ("device", "batch", "image_size", "depth", "warmup", "steps", "threads")
+    }
+    cases = {
+        (mode, attention): {"kind": "step", "mode": mode, "config": read_model_config(attention), **sizes}
+        for mode, attention in mode_rows(args.modes, list(CONFIGS))
+    }
+    results = run_rows(__file__, cases, lambda so_far: render(so_far, args), args.output)
+    publish(render(results, args), args.output)
     return 1 if any("error" in r for r in results.values()) else 0
 
 

@@ -57,21 +57,31 @@ erratically, so use ``--threads 1`` there. The digits tree is written once under
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
-import json
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
-from harness import Check, check, spawn, write_report
-
-# torch, timm and Lightning are imported inside the worker functions: the parent only spawns workers and skips
-# their ~5 s of imports.
+from harness import (
+    STEP_MODES,
+    Check,
+    add_common_options,
+    autocast,
+    check,
+    csv,
+    decay_groups,
+    publish,
+    render_targets,
+    run_rows,
+    spawn_or_error,
+    spawn_rounds,
+    synchronize,
+    time_steps,
+    work,
+)
 
 MODELS = {  # name -> (label, AttentionSpec keywords), in table order
     "softmax": ("DeiT (softmax)", {"kind": "softmax"}),
@@ -181,13 +191,7 @@ def run_plain(case: dict) -> tuple[list[float], int]:
     dm, net = fit_setup(case["cache_dir"])
     dm.setup("fit")
     loader = dm.train_dataloader()
-    skip = net.no_weight_decay()
-    params = list(net.named_parameters())
-    groups = [
-        {"params": [p for name, p in params if p.ndim > 1 and name not in skip]},
-        {"params": [p for name, p in params if p.ndim <= 1 or name in skip], "weight_decay": 0.0},
-    ]  # ClassificationModule's decay / no-decay rule
-    optimizer = torch.optim.AdamW(groups, lr=FIT_LR)
+    optimizer = torch.optim.AdamW(decay_groups(net), lr=FIT_LR)
     steps = min(len(loader), case["batches"] or len(loader))
     total, floor = case["epochs"] * steps, MIN_LR / FIT_LR
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -262,21 +266,6 @@ def run_fit_case(case: dict) -> dict:
     return {"images_per_s": steps * FIT_BATCH / min(durations[1:]), "epoch_s": durations, "steps": steps}
 
 
-def run_case(case: dict) -> dict:
-    """Run one case in this process; the result also names the torch and Triton versions, threads and device."""
-    import torch
-
-    if case["threads"]:
-        torch.set_num_threads(case["threads"])
-    run = {"step": run_step_case, "fit": run_fit_case, "table": run_table_case, "profile": run_profile_case}
-    return {**run[case["kind"]](case), **environment(case.get("device", "cpu"))}
-
-
-def spawn_case(case: dict) -> dict:
-    """Run :func:`run_case` in a fresh interpreter and return its result."""
-    return spawn(__file__, ["--worker", json.dumps(case)])
-
-
 def target_checks(steps: dict, fits: dict) -> list[Check]:
     """(name, value, comparison, target, passed) per target, from the best step times (ms) and images/s."""
     specs = [
@@ -343,9 +332,7 @@ def render(step_runs: dict, fit_runs: dict, args: argparse.Namespace) -> tuple[s
     for loop in LOOPS:
         runs = ", ".join(f"{r['images_per_s']:.0f}" for r in fit_runs[loop])
         lines.append(f"| {loop} | {fits[loop]:.0f} | {runs} | {fits[loop] / fits['plain']:.2f} |")
-    lines += ["", "Targets:", ""]
-    for name, value, op, target, passed in checks:
-        lines.append(f"- {name}: {value:.2f} (target {op} {target}) {'PASS' if passed else 'FAIL'}")
+    lines += render_targets(checks, digits=2)
     return "\n".join(lines) + "\n", all(check[-1] for check in checks)
 
 
@@ -359,16 +346,13 @@ ATTENTIONS = {  # row attention name -> MODELS key, in table order
 }
 ARCHES = ("deit_tiny", "deit_small", "deit_base")
 RPC_BACKENDS = ("triton", "torch")
-STEP_MODES = ("eager", "compiled")
 DEFAULT_ARCHES = ("deit_tiny", "deit_small")
 DEFAULT_COMPILED_ARCHES = ("deit_tiny",)
 DEFAULT_COMPILED_ROWS = ("symvit", "rpc2all-triton", "rpc2all-torch")
 PROFILE_TOP = 15
-GIB = 2**30
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """One row of the real-size table: a DeiT size, an attention, its backend (RPC rows only) and eager / compiled."""
 
     arch: str
@@ -411,59 +395,6 @@ def select_rows(
                     if mode == "eager" or row.name in compiled_rows:
                         rows.append(row)
     return rows
-
-
-def autocast(device: str):
-    """bf16 autocast on CUDA; a no-op context on CPU (fp32)."""
-    import torch
-
-    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda")
-
-
-def synchronize(device: str) -> None:
-    """Wait for queued CUDA work so that wall-clock times cover it."""
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_steps(step, device: str, warmup: int, steps: int) -> dict:
-    """Run ``warmup`` untimed calls of ``step``, then ``steps`` timed ones, each synchronised.
-
-    Returns the median step time (ms), the first call's time (s; compiled, it includes the compilation), the timed
-    steps and the peak GPU memory (GiB since the process started; None on CPU).
-    """
-    import torch
-
-    times = []
-    for _ in range(warmup + steps):
-        synchronize(device)
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() / GIB if device == "cuda" else None
-    return {
-        "time_ms": statistics.median(times[warmup:]) * 1e3,
-        "first_step_s": times[0],
-        "steps": steps,
-        "peak_gib": peak,
-    }
-
-
-def environment(device: str) -> dict:
-    """The torch and Triton versions, intra-op threads and device name of this process."""
-    import importlib.metadata
-
-    import torch
-
-    try:
-        triton = importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        triton = "not installed"
-    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    return {"torch": torch.__version__, "triton": triton, "threads": torch.get_num_threads(), "device_name": name}
 
 
 def build_vit_step(case: dict):
@@ -557,20 +488,13 @@ def triton_skip_reason(row: Row, device: str) -> str | None:
     return None
 
 
-def spawn_or_error(script: str, case: dict) -> dict:
-    """``script --worker <case>``'s result in a fresh process, or ``{"error": <its last stderr line>}`` if it fails."""
-    try:
-        return spawn(script, ["--worker", json.dumps(case)])
-    except RuntimeError as err:
-        lines = [line for line in str(err).splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else "failed"}
-
-
 def table_case(row: Row, args: argparse.Namespace) -> dict:
     """The worker case of ``row`` with the run's sizes."""
+    reason = triton_skip_reason(row, args.device)
     return {
         "kind": "table",
-        **dataclasses.asdict(row),
+        **row._asdict(),
+        **({"skipped": reason} if reason else {}),
         "device": args.device,
         "batch": args.batch,
         "img_size": args.img_size,
@@ -579,12 +503,6 @@ def table_case(row: Row, args: argparse.Namespace) -> dict:
         "steps": args.steps,
         "threads": args.threads,
     }
-
-
-def run_row(row: Row, args: argparse.Namespace) -> dict:
-    """The result of one row: measured in its own process, or skipped / failed with the reason."""
-    reason = triton_skip_reason(row, args.device)
-    return {"skipped": reason} if reason else spawn_or_error(__file__, table_case(row, args))
 
 
 def profile_row(device: str) -> Row:
@@ -637,16 +555,11 @@ def table_targets(results: dict[Row, dict]) -> list[Check]:
         if ratio is not None:
             checks.append(check(f"deit_tiny RPC 2-all (Triton) / SymViT, {mode}", ratio, "<=", limit))
     for row in results:
-        torch_row = dataclasses.replace(row, backend="torch")
+        torch_row = row._replace(backend="torch")
         if row.backend == "triton" and "time_ms" in results[row] and "time_ms" in results.get(torch_row, {}):
             ratio = results[row]["time_ms"] / results[torch_row]["time_ms"]
             checks.append(check(f"{row.arch} {row.label}, {row.mode}: Triton / torch", ratio, "<=", 1.0))
     return checks
-
-
-def render_targets(checks: list[Check]) -> list[str]:
-    """One ``- <name>: <value> (target <op> <target>) PASS|FAIL`` line per check, as benchmarks/attention.py."""
-    return [f"- {n}: {v:.3f} (target {op} {t}) {'PASS' if ok else 'FAIL'}" for n, v, op, t, ok in checks]
 
 
 def render_profile(profile: dict, row: Row, batch: int, img_size: int) -> list[str]:
@@ -698,49 +611,24 @@ def render_real_size(results: dict[Row, dict], profile: dict | None, args: argpa
         *table_rows(results, args.batch),
     ]
     checks = table_targets(results)
-    if checks:
-        lines += ["", "Targets:", "", *render_targets(checks)]
+    lines += render_targets(checks)
     if profile is not None:
         lines += render_profile(profile, profile_row(args.device), args.batch, args.img_size)
     return "\n".join(lines) + "\n", all(c[-1] for c in checks)
 
 
-def progress(result: dict) -> str:
-    """One row's result in a few words, for the progress lines on stderr."""
-    if "time_ms" in result:
-        return f"{result['time_ms']:.2f} ms/step, first step {result['first_step_s']:.1f} s"
-    return f"skipped: {result['skipped']}" if "skipped" in result else f"failed: {result['error']}"
-
-
 def main_real_size(args: argparse.Namespace) -> int:
     """Part 3: each selected row in its own process, then the report; 1 if a row failed, or with --check a target."""
     options = (args.arches, args.attentions, args.backends, args.modes, args.compiled_arches, args.compiled_rows)
-    results: dict[Row, dict] = {}
-    for row in select_rows(*options):
-        results[row] = run_row(row, args)
-        print(f"{row.arch} {row.mode} {row.name}: {progress(results[row])}", file=sys.stderr, flush=True)
-        write_report(args.output, render_real_size(results, None, args)[0])  # the rows so far, if the run is cut
+    cases = {row: table_case(row, args) for row in select_rows(*options)}
+    results = run_rows(__file__, cases, lambda so_far: render_real_size(so_far, None, args)[0], args.output)
     profile = None
     if args.profile:
         profile = spawn_or_error(__file__, {**table_case(profile_row(args.device), args), "kind": "profile"})
     report, passed = render_real_size(results, profile, args)
-    print(report, end="")
-    write_report(args.output, report)
+    publish(report, args.output)
     failed = any("error" in r for r in [*results.values(), profile or {}])
     return 1 if failed or (args.check and not passed) else 0
-
-
-def csv(choices: Sequence[str]):
-    """An argparse type: a comma-separated list of names, each one of ``choices``."""
-
-    def parse(text: str) -> list[str]:
-        names = [name for name in text.split(",") if name]
-        unknown = [name for name in names if name not in choices]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(choices)}")
-        return names
-
-    return parse
 
 
 def add_real_size_options(p: argparse.ArgumentParser) -> None:
@@ -783,13 +671,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None, help="epochs per fit, the first untimed (default 3; --quick: 2)")
     p.add_argument("--batches", type=int, default=None, help="steps per fit epoch (default all 22; --quick: 8)")
     p.add_argument("--rounds", type=int, default=None, help="runs of each case, in turn (default 2; --quick: 1)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--cache-dir", default=None, help="where the digits tree is written (default $KPCA_CACHE)")
     p.add_argument("--quick", action="store_true", help="smaller step-time shapes, shorter and fewer fits")
     p.add_argument("--compile", action="store_true", help="also time each model compiled (torch.compile, Inductor)")
     p.add_argument("--check", action="store_true", help="exit 1 if any target fails")
-    p.add_argument("--output", help="also write the Markdown report to this path")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
+    add_common_options(p)
     add_real_size_options(p)
     args = p.parse_args()
     if args.real_size is None:
@@ -814,38 +700,25 @@ def main() -> int:
     """Run every case in its own process, print the report, and return the exit status."""
     args = parse_args()
     if args.worker:
-        print(json.dumps(run_case(json.loads(args.worker))))
-        return 0
+        runners = {"step": run_step_case, "fit": run_fit_case, "table": run_table_case, "profile": run_profile_case}
+        return work(args.worker, runners)
     if args.real_size:
         return main_real_size(args)
-    step_case = {
-        "kind": "step",
-        "batch": args.batch,
-        "img_size": args.img_size,
-        "budget_s": 1.0 if args.quick else STEP_BUDGET_S,
-        "threads": args.threads,
-    }
     variants = ("eager", "compiled") if args.compile else ("eager",)
-    step_runs = {variant: {name: [] for name in MODELS} for variant in variants}
-    for _ in range(args.rounds):
-        for variant in variants:
-            for name in MODELS:
-                case = {**step_case, "model": name, "compiled": variant == "compiled"}
-                step_runs[variant][name].append(spawn_case(case))
-    fit_case = {
-        "kind": "fit",
-        "epochs": args.epochs,
-        "batches": args.batches,
-        "cache_dir": args.cache_dir,
-        "threads": args.threads,
+    budget_s = 1.0 if args.quick else STEP_BUDGET_S
+    step_case = {"kind": "step", "batch": args.batch, "img_size": args.img_size, "budget_s": budget_s}
+    step_cases = {
+        (variant, name): {**step_case, "model": name, "compiled": variant == "compiled", "threads": args.threads}
+        for variant in variants
+        for name in MODELS
     }
-    fit_runs = {loop: [] for loop in LOOPS}
-    for _ in range(args.rounds):
-        for loop in LOOPS:
-            fit_runs[loop].append(spawn_case({**fit_case, "loop": loop}))
+    steps = spawn_rounds(__file__, step_cases, args.rounds)
+    fit_case = {"kind": "fit", "epochs": args.epochs, "batches": args.batches, "cache_dir": args.cache_dir}
+    fit_cases = {loop: {**fit_case, "loop": loop, "threads": args.threads} for loop in LOOPS}
+    fit_runs = spawn_rounds(__file__, fit_cases, args.rounds)
+    step_runs = {variant: {name: steps[variant, name] for name in MODELS} for variant in variants}
     report, passed = render(step_runs, fit_runs, args)
-    print(report, end="")
-    write_report(args.output, report)
+    publish(report, args.output)
     return 1 if args.check and not passed else 0
 
 

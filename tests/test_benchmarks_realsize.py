@@ -1,5 +1,5 @@
-"""The real-size modes of benchmarks/vision_cls.py, language_model.py and segmentation.py: their row selection,
-targets and options, and each mode run at a tiny size on the CPU."""
+"""The benchmarks' shared harness, and the real-size modes of benchmarks/vision_cls.py, language_model.py and
+segmentation.py: their row selection, targets and options, and each mode run at a tiny size on the CPU."""
 
 import importlib.util
 import os
@@ -18,7 +18,7 @@ TARGET_LINE = re.compile(
 
 
 def load(name: str):
-    """benchmarks/<name>.py as a module (benchmarks/ is no package; its scripts import harness and vision_cls)."""
+    """benchmarks/<name>.py as a module (benchmarks/ is no package; its scripts import harness)."""
     if str(BENCHMARKS) not in sys.path:
         sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
@@ -28,6 +28,7 @@ def load(name: str):
     return module
 
 
+harness = load("harness")
 vision = load("vision_cls")
 lm = load("language_model")
 Row = vision.Row
@@ -57,25 +58,44 @@ def parse_args(module, monkeypatch, *args: str):
     return module.parse_args()
 
 
-def test_default_rows_are_the_gpu_proofs_selection():
+def test_rows_default_to_the_gpu_proofs_selection_and_options_select_others():
     rpc = [(a, b) for a in ("rpc4b0", "rpc2all") for b in ("triton", "torch")]
     eager = [
         Row(arch, attention, backend, "eager")
         for arch in ("deit_tiny", "deit_small")
         for attention, backend in [("softmax", None), ("symvit", None), *rpc]
     ]
-    compiled = [
-        Row("deit_tiny", a, b, "compiled") for a, b in [("symvit", None), ("rpc2all", "triton"), ("rpc2all", "torch")]
-    ]
+    compiled = [Row("deit_tiny", "symvit", None, "compiled")]
+    compiled += [Row("deit_tiny", "rpc2all", backend, "compiled") for backend in ("triton", "torch")]
     assert vision.select_rows() == eager + compiled
-    assert [r.name for r in compiled] == ["symvit", "rpc2all-triton", "rpc2all-torch"]
-
-
-def test_row_options_select_rows():
     rows = vision.select_rows(arches=["deit_small"], compiled_arches=["deit_small"], compiled_rows=["symvit"])
     assert [(r.arch, r.name, r.mode) for r in rows if r.mode == "compiled"] == [("deit_small", "symvit", "compiled")]
     rows = vision.select_rows(attentions=["symvit", "rpc2all"], backends=["torch"], modes=["eager"])
     assert [r.name for r in rows] == ["symvit", "rpc2all-torch"] * 2
+
+
+def test_rows_run_each_in_its_own_process_and_the_report_grows_row_by_row(tmp_path: Path):
+    """A worker that fails is one failed row, a skipped row never runs, and the report is rewritten after each."""
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "import json, sys\ncase = json.loads(sys.argv[2])\n"
+        "if case['fail']: sys.exit('worker: out of memory')\n"
+        "print('noise'); print(json.dumps({'time_ms': 2.0, 'first_step_s': 0.5}))\n"
+    )
+    cases = {("a",): {"fail": False}, ("b",): {"fail": True}, ("c",): {"skipped": "needs CUDA"}}
+    reports = []
+
+    def render(results: dict) -> str:
+        reports.append(dict(results))
+        return f"{len(results)} rows"
+
+    results = harness.run_rows(str(script), cases, render, str(tmp_path / "out" / "report.md"))
+    assert results == {
+        ("a",): {"time_ms": 2.0, "first_step_s": 0.5},
+        ("b",): {"error": "worker: out of memory"},
+        ("c",): {"skipped": "needs CUDA"},
+    }
+    assert [len(r) for r in reports] == [1, 2, 3] and (tmp_path / "out" / "report.md").read_text() == "3 rows"
 
 
 def test_vision_options(monkeypatch):
@@ -96,8 +116,9 @@ def test_targets_of_the_h200_reference_numbers():
     times = {("symvit", None): 32.03, ("rpc4b0", "triton"): 33.03, ("rpc4b0", "torch"): 36.93}
     times |= {("rpc2all", "triton"): 63.02, ("rpc2all", "torch"): 57.79}
     results = {Row("deit_tiny", a, b, "eager"): {"time_ms": t} for (a, b), t in times.items()}
-    lines = vision.render_targets(vision.table_targets(results))
-    parsed = [TARGET_LINE.match(line) for line in lines]
+    lines = harness.render_targets(vision.table_targets(results))
+    assert lines[:3] == ["", "Targets:", ""]
+    parsed = [TARGET_LINE.match(line) for line in lines[3:]]
     assert all(parsed), lines
     assert [(m["name"], m["value"], m.group(5)) for m in parsed] == [
         ("deit_tiny RPC 2-all (Triton) / SymViT, eager", "1.968", "FAIL"),
