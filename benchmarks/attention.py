@@ -26,9 +26,10 @@ memory targets use it. On CPU the table also shows "RSS growth" over the first f
 library set-up, and glibc heap fragmentation, which RPC's short-lived element-wise temporaries
 inflate well beyond the live tensors. Times are the minimum over repeats (the least disturbed).
 On CUDA the report ends with the fused PAP step's bandwidth against its physical floor, a
-``torch.clone`` of the same bytes, at N in {197, 4096}, D in {64, 72}, bfloat16 and float32; with ``--sweep``
-also a sweep of the Triton launch configuration (warps and tile size, the constants in
-``kpca.attention._triton.ops``) that picks their values (about 40 s more: ``make test-gpu`` leaves it out).
+``torch.clone`` of the same bytes, at N in {197, 4096}, D in {64, 72}, bfloat16 and float32, through the
+``kpca::pap_step`` custom op; with ``--sweep`` also a sweep of the Triton launch configuration (warps and tile size,
+the private constants of ``kpca.attention._triton.ops``, which have no public setting) that picks their values
+(about 40 s more: ``make test-gpu`` leaves it out).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import os
 import resource
 import sys
@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
-from harness import Check, check, spawn, write_report
+from harness import Check, check, publish, render_targets, spawn_case, work
 
 from kpca.attention import rpc_attention, softmax_attention
 from kpca.attention.reference import rpc_attention_reference
@@ -176,24 +176,28 @@ def launch_config(ops, num_warps: int, block_elements: int) -> Iterator[None]:
         ops.ELEMENTWISE_NUM_WARPS, ops.MAX_BLOCK_ELEMENTS = saved
 
 
-def pap_step_bandwidth(
-    device: str = "cuda", cases=BANDWIDTH_CASES, elements: int = BANDWIDTH_ELEMENTS, sweep: bool = False
-) -> dict:
-    """GB/s of the fused PAP step (``ops.pap_step``, forward) and of ``torch.clone`` of the same bytes, per case.
+def pap_step_bandwidth(case: dict) -> dict:
+    """GB/s of the fused PAP step (``kpca::pap_step``, forward) and of ``torch.clone`` of the same bytes, per case.
 
-    With ``sweep`` each case (N, D, dtype name) also times every launch configuration of LAUNCH_SWEEP. On CPU
-    (under TRITON_INTERPRET=1) it only exercises the code.
+    With ``case["sweep"]`` each case (N, D, dtype name) also times every launch configuration of LAUNCH_SWEEP.
     """
-    from kpca.attention._triton import ops
-
+    device = case["device"]
+    k = torch.randn(1, 1, 4, HEAD_DIM, device=device)
+    rpc_attention(k, k, n_iter=N_ITER, lambd=LAMBD, backend="triton")  # registers the kpca:: custom ops
+    ops = None
+    if case["sweep"]:
+        from kpca.attention._triton import ops  # the launch constants the sweep varies have no public setting
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    rows = [bandwidth_case(ops, device, sync, n, d, getattr(torch, dtype), elements, sweep) for n, d, dtype in cases]
-    return {"rows": rows, "default": f"{ops.ELEMENTWISE_NUM_WARPS}/{ops.MAX_BLOCK_ELEMENTS}"}
+    rows = [bandwidth_case(ops, device, sync, n, d, getattr(torch, dtype)) for n, d, dtype in BANDWIDTH_CASES]
+    return {"rows": rows, "default": None if ops is None else f"{ops.ELEMENTWISE_NUM_WARPS}/{ops.MAX_BLOCK_ELEMENTS}"}
 
 
-def bandwidth_case(ops, device: str, sync, n: int, d: int, dtype: torch.dtype, elements: int, sweep: bool) -> dict:
-    """One row of :func:`pap_step_bandwidth`; K and L are the modules' strided heads of (B, N, H, D)."""
-    b = max(1, elements // (BANDWIDTH_HEADS * n * d))
+def bandwidth_case(ops, device: str, sync, n: int, d: int, dtype: torch.dtype) -> dict:
+    """One row of :func:`pap_step_bandwidth` (``ops``: the launch configurations swept, None for none).
+
+    K and L are the modules' strided heads of (B, N, H, D).
+    """
+    b = max(1, BANDWIDTH_ELEMENTS // (BANDWIDTH_HEADS * n * d))
     shape = (b, BANDWIDTH_HEADS, n, d)  # (B, H, N, D)
     k, l = (torch.randn(b, n, BANDWIDTH_HEADS, d, device=device).to(dtype).transpose(1, 2) for _ in range(2))  # noqa: E741
     s, z = (torch.randn(shape, device=device) for _ in range(2))
@@ -202,10 +206,10 @@ def bandwidth_case(ops, device: str, sync, n: int, d: int, dtype: torch.dtype, e
     copied = torch.empty(step_bytes // 2, dtype=torch.uint8, device=device)  # clone reads and writes it
 
     def step_gbs() -> float:
-        return step_bytes / per_call_ms(lambda: ops.pap_step(k, tau, l, z, s), sync) / 1e6
+        return step_bytes / per_call_ms(lambda: torch.ops.kpca.pap_step(k, tau, l, z, s), sync) / 1e6
 
     swept = {}
-    for num_warps, block_elements in LAUNCH_SWEEP if sweep else ():
+    for num_warps, block_elements in LAUNCH_SWEEP if ops is not None else ():
         with launch_config(ops, num_warps, block_elements):
             swept[f"{num_warps}/{block_elements}"] = step_gbs()
     return {
@@ -222,7 +226,7 @@ def render_bandwidth(bandwidth: dict) -> str:
     """The Markdown tables of :func:`pap_step_bandwidth`: against the clone floor, then the launch sweep if it ran."""
     rows, default = bandwidth["rows"], bandwidth["default"]
     lines = [
-        "Fused PAP step (`ops.pap_step`, forward) against `torch.clone` of the same bytes (its physical floor):",
+        "Fused PAP step (`kpca::pap_step`, forward) against `torch.clone` of the same bytes (its physical floor):",
         "it reads K, L, S, Z and writes Z', S', Kt and the int8 sign, 3 x dtype + 17 bytes per element.",
         "",
         "| B x H x N x D | dtype | MB moved | clone GB/s | pap_step GB/s | ratio to clone |",
@@ -299,8 +303,7 @@ def render(results: dict, checks: list, device: str, dtype: str) -> str:
             f"| {'x'.join(map(str, shape))} | {method} | {r['time_ms']:.1f} | {r['mem_mb']:.1f} | {rss} "
             f"| {r['time_ms'] / base['time_ms']:.2f} | {r['mem_mb'] / max(base['mem_mb'], 1e-9):.2f} |"
         )
-    lines += ["", "Targets:", ""]
-    lines += [f"- {n}: {v:.2f} (target {op} {t}) {'PASS' if ok else 'FAIL'}" for n, v, op, t, ok in checks]
+    lines += render_targets(checks, digits=2)
     return "\n".join(lines) + "\n"
 
 
@@ -318,7 +321,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sweep", action="store_true", help="CUDA: also sweep the Triton launch configuration")
     p.add_argument("--output", help="also write the Markdown report to this path")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--bandwidth-worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -326,21 +328,18 @@ def main() -> int:
     """Run every case in its own process, print the report, and return the exit status."""
     args = parse_args()
     if args.worker:
-        print(json.dumps(run_case(json.loads(args.worker))))
-        return 0
-    if args.bandwidth_worker:
-        print(json.dumps(pap_step_bandwidth(sweep=args.sweep)))
-        return 0
+        return work(args.worker, {"time": run_case, "bandwidth": pap_step_bandwidth})
     dtype = args.dtype or DEFAULT_DTYPES[args.device]
     shapes = CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES[:2] if args.quick else CPU_SHAPES
     results = {}
     for shape in shapes:
         for method in methods_for(args.device):
-            case = {"method": method, "shape": shape, "device": args.device, "dtype": dtype}
-            results[method, tuple(shape)] = spawn(__file__, ["--worker", json.dumps(case)])
+            case = {"kind": "time", "method": method, "shape": shape, "device": args.device, "dtype": dtype}
+            results[method, tuple(shape)] = spawn_case(__file__, case)
     checks = target_checks(results, args.device)
-    sweep = ["--sweep"] if args.sweep else []
-    bandwidth = spawn(__file__, ["--bandwidth-worker", *sweep]) if args.device == "cuda" else None
+    bandwidth = None
+    if args.device == "cuda":
+        bandwidth = spawn_case(__file__, {"kind": "bandwidth", "device": "cuda", "sweep": args.sweep})
     if bandwidth is not None:
         largest = max(bandwidth["rows"], key=lambda r: (r["shape"][2], r["dtype"] == "bfloat16", -r["shape"][3]))
         ratio = largest["pap_step_gbs"] / largest["clone_gbs"]
@@ -349,8 +348,7 @@ def main() -> int:
     report = render(results, checks, args.device, dtype)
     if bandwidth is not None:
         report += "\n" + render_bandwidth(bandwidth)
-    print(report, end="")
-    write_report(args.output, report)
+    publish(report, args.output)
     return 1 if args.check and not all(passed for *_, passed in checks) else 0
 
 
