@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from harness import write_report
+from harness import publish
 
 from kpca.attention import _backend, rpc_attention
 
@@ -166,9 +166,7 @@ def main() -> int:
     args = parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    report = render(measure(args.n_iter), args.n_iter)
-    print(report, end="")
-    write_report(args.output, report)
+    publish(render(measure(args.n_iter), args.n_iter), args.output)
     return 0
 
 
