@@ -206,6 +206,15 @@ def render_targets(checks: list[Check], digits: int = 3) -> list[str]:
     return ["", "Targets:", "", *lines] if lines else []
 
 
+def settings_line(results: dict, device: str, dtype: str) -> str:
+    """A real-size report's first line: the device, ``dtype``, and the torch, Triton and threads of the workers."""
+    env = next((r for r in results.values() if "torch" in r), {})
+    return (
+        f"device={device} ({env.get('device_name', '?')}) dtype={dtype} torch={env.get('torch', '?')} "
+        f"triton={env.get('triton', '?')} threads={env.get('threads', '?')}"
+    )
+
+
 def rate_table(
     results: dict[tuple[str, str], dict], labels: dict[str, str], columns: tuple[str, str], items_per_step: int
 ) -> list[str]:

@@ -67,6 +67,7 @@ from harness import (
     read_config,
     render_targets,
     run_rows,
+    settings_line,
     spawn_rounds,
     synchronize,
     time_steps,
@@ -367,13 +368,11 @@ def paper_targets(results: dict[tuple[str, str], dict]) -> list[Check]:
 
 def render_paper(results: dict[tuple[str, str], dict], args: argparse.Namespace) -> tuple[str, bool]:
     """The Markdown report of part 3 and whether every target passed."""
-    env = next((r for r in results.values() if "torch" in r), {})
     dtype = "bf16 autocast" if args.device == "cuda" else "fp32"
     init = read_paper_config("symmetric")["init_args"]
     checks = paper_targets(results)
     lines = [
-        f"device={args.device} ({env.get('device_name', '?')}) dtype={dtype} torch={env.get('torch', '?')} "
-        f"triton={env.get('triton', '?')} threads={env.get('threads', '?')}",
+        settings_line(results, args.device, dtype),
         "",
         f"Training step of the paper's WikiText-103 model as the `_published` configs train it: "
         f"{args.depth or init['depth']} post-LN layers, width {init['width']}, {init['num_heads']} heads, FFN "

@@ -35,6 +35,7 @@ from harness import (
     rate_table,
     read_config,
     run_rows,
+    settings_line,
     time_steps,
     work,
 )
@@ -99,12 +100,10 @@ def run_case(case: dict) -> dict:
 
 def render(results: dict[tuple[str, str], dict], args: argparse.Namespace) -> str:
     """The Markdown report: settings, then one row per model and mode."""
-    env = next((r for r in results.values() if "torch" in r), {})
     dtype = "bf16 autocast" if args.device == "cuda" else "fp32"
     depth = f", encoder depth {args.depth}" if args.depth else ""
     lines = [
-        f"device={args.device} ({env.get('device_name', '?')}) dtype={dtype} torch={env.get('torch', '?')} "
-        f"triton={env.get('triton', '?')} threads={env.get('threads', '?')}",
+        settings_line(results, args.device, dtype),
         "",
         f"Training step of Segmenter-tiny (the app's ADE20K configs{depth}: 150 classes, SGD, drop path 0.1), batch "
         f"{args.batch} (the paper's global batch: {PAPER_BATCH}), {args.image_size} x {args.image_size} px, random "

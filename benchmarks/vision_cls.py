@@ -76,6 +76,7 @@ from harness import (
     publish,
     render_targets,
     run_rows,
+    settings_line,
     spawn_or_error,
     spawn_rounds,
     synchronize,
@@ -598,11 +599,9 @@ def render_profile(profile: dict, row: Row, batch: int, img_size: int) -> list[s
 
 def render_real_size(results: dict[Row, dict], profile: dict | None, args: argparse.Namespace) -> tuple[str, bool]:
     """The Markdown report of part 3 and whether every target passed."""
-    env = next((r for r in results.values() if "torch" in r), {})
     dtype = "bf16 autocast, fused AdamW" if args.device == "cuda" else "fp32, AdamW"
     lines = [
-        f"device={args.device} ({env.get('device_name', '?')}) dtype={dtype} torch={env.get('torch', '?')} "
-        f"triton={env.get('triton', '?')} threads={env.get('threads', '?')}",
+        settings_line(results, args.device, dtype),
         "",
         f"Training step (forward + cross-entropy + backward + AdamW), batch {args.batch}, {args.img_size} px, "
         f"1000 classes, random inputs: median of {args.steps} timed steps after {args.warmup} warm-up step(s), "
