@@ -49,16 +49,6 @@ def printed_config(capsys: pytest.CaptureFixture, main: Callable, prog: str, *op
     return yaml.safe_load(printed.out)
 
 
-def assert_each_replaced_option_gives(new_spelling: dict[str, tuple[str, str]], replaced: dict[str, str]) -> None:
-    """Each option of ``new_spelling`` (option -> (a use, its new spelling)) has a refusal text naming its new spelling.
-
-    ``replaced`` maps an app's removed options to their refusal texts; it must list exactly those options.
-    """
-    assert sorted(replaced) == sorted(new_spelling)
-    for option, (_, new) in new_spelling.items():
-        assert f"write {new} (--{new}=" in replaced[option]
-
-
 def refusal(capsys: pytest.CaptureFixture, main: Callable, prog: str, *args: object) -> str:
     """What ``prog args`` prints on stderr when its parser refuses them; it must exit with a non-zero status."""
     with pytest.raises(SystemExit) as exit_info:

@@ -1,5 +1,5 @@
-"""The data.eval group: its options and checks, its YAML and command-line spelling, the flat keys it replaced, and the
-test loaders it gives (the same sets, images and seeds as the flat options gave)."""
+"""The data.eval group: its options and checks, its YAML and command-line spelling, and the test loaders it gives (the
+same sets, images and seeds as the flat options gave)."""
 
 from pathlib import Path
 
@@ -8,26 +8,17 @@ import pytest
 import yaml
 from jsonargparse import ArgumentParser
 
-from kpca.segmentation.cli import SegmentationCLI, main
+from kpca.segmentation.cli import main
 from kpca.segmentation.corruption_sets import CorruptionSet
 from kpca.segmentation.data import ADE20KDataModule, CorruptImage, build_transforms
-from kpca.segmentation.eval_data import REPLACED_OPTIONS, EvalData
+from kpca.segmentation.eval_data import EvalData
 from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS
-from kpca.training.replaced_options import replaced_option_hint
-from tests.cli_support import CONFIGS, CPU, assert_each_replaced_option_gives, printed_config, refusal
+from tests.cli_support import CONFIGS, CPU, printed_config
 from tests.segmentation.conftest import SMOKE_SET
 
 pytestmark = pytest.mark.mmseg
 
 SMOKE = CONFIGS / "segmentation" / "smoke.yaml"
-NEW_SPELLING = {
-    "eval_subset": ("--data.eval_subset=16", "data.eval.subset"),
-    "corruption_preset": ("--data.corruption_preset=elliptical", "data.eval.corruption_preset"),
-    "corruptions": ("--data.corruptions=[fog]", "data.eval.corruptions"),
-    "severities": ("--data.severities=[1]", "data.eval.severities"),
-    "corruption_seed": ("--data.corruption_seed=3", "data.eval.corruption_seed"),
-}
-"""Each removed flat option: a command-line use of it, and the spelling its refusal must give."""
 
 
 def cpu_config(capsys: pytest.CaptureFixture, *options: object) -> dict:
@@ -40,11 +31,6 @@ def datamodule_of(config: dict) -> ADE20KDataModule:
     parser = ArgumentParser()
     parser.add_class_arguments(ADE20KDataModule, "data")
     return parser.instantiate(parser.parse_object({"data": config["data"]})).data
-
-
-def test_every_removed_option_has_its_new_spelling():
-    assert SegmentationCLI.replaced_data_options is REPLACED_OPTIONS
-    assert_each_replaced_option_gives(NEW_SPELLING, REPLACED_OPTIONS)
 
 
 def test_the_options_are_checked_when_given():
@@ -90,37 +76,6 @@ def test_the_group_round_trips_through_a_saved_config(capsys: pytest.CaptureFixt
     datamodule = datamodule_of(config)
     assert datamodule.eval == EvalData("elliptical", ("gaussian_noise",), (3,), 0, 2)
     assert datamodule.eval_sets == [("clean", None, None), ("gaussian_noise/s3", "gaussian_noise", 3)]
-
-
-@pytest.mark.parametrize("option", sorted(NEW_SPELLING))
-def test_a_removed_option_on_the_command_line_is_refused_with_its_new_spelling(
-    option: str, capsys: pytest.CaptureFixture
-):
-    argument, new = NEW_SPELLING[option]
-    error = refusal(capsys, main, "segmentation", "fit", "-c", CPU, "-c", SMOKE, argument, "--print_config")
-    assert f"unrecognized arguments: {argument}" in error and REPLACED_OPTIONS[option] in error and new in error
-
-
-@pytest.mark.parametrize("option", ["corruption_preset: elliptical", "eval_subset: 16"])
-def test_a_removed_option_in_a_config_file_is_refused_with_its_new_spelling(
-    option: str, tmp_path: Path, capsys: pytest.CaptureFixture
-):
-    old = tmp_path / "old.yaml"
-    old.write_text(f"data:\n  {option}\n")
-    name = option.partition(":")[0]
-    error = refusal(capsys, main, "segmentation", "fit", "-c", CPU, "-c", SMOKE, "-c", old, "--print_config")
-    assert f"Group 'data' does not accept option '{name}'" in error and REPLACED_OPTIONS[name] in error
-
-
-def test_the_hint_names_removed_options_only():
-    def hint(message: str) -> str | None:
-        return replaced_option_hint(message, REPLACED_OPTIONS)
-
-    assert "write data.eval.subset" in hint("unrecognized arguments: --data.eval_subset=16")
-    assert "write data.eval.corruption_seed" in hint("Group 'data' does not accept option 'corruption_seed'")
-    assert hint("unrecognized arguments: --data.eval.corruption_presets=elliptical") is None
-    assert hint("Group 'data.eval' does not accept option 'corruption'") is None
-    assert hint("Group 'model' does not accept option 'severities'") is None
 
 
 def test_the_configs_test_the_same_sets_as_before(capsys: pytest.CaptureFixture):

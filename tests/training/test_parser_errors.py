@@ -307,12 +307,6 @@ def test_suggestions_are_close_options_only():
     assert suggestions(["--trainer.foo", "nothing.close"], options) == []
 
 
-def test_the_report_of_a_removed_option_gives_its_new_spelling_not_a_guess():
-    refusal = reshape("unrecognized arguments: --data.eval_subset=16")
-    report = error_report(refusal, ["fit", "--data.eval_subset=16"], "vision-cls fit", ["--data.eval.subset"], "MOVED")
-    assert report == "error: unrecognized arguments: --data.eval_subset=16\nMOVED\nsee: vision-cls fit --help\n"
-
-
 def test_the_report_cuts_a_long_message():
     message = 'Parser key "x":\n' + "\n".join(f"  line {i}" for i in range(40))
     lines = error_report(reshape(message), [], "app fit").splitlines()

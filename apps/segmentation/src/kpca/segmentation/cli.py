@@ -6,7 +6,6 @@ from lightning.pytorch.cli import ArgsType
 
 from kpca.segmentation.callbacks import SegmentationOverlays
 from kpca.segmentation.data import ADE20KDataModule
-from kpca.segmentation.eval_data import REPLACED_OPTIONS
 from kpca.segmentation.module import SegmentationModule
 from kpca.training.cli import ProjectCLI
 from kpca.training.errors import run_command
@@ -22,7 +21,6 @@ class SegmentationCLI(ProjectCLI):
     )
 
     monitor, mode = "val/mIoU", "max"
-    replaced_data_options = REPLACED_OPTIONS
 
     def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(SegmentationOverlays, "overlays")

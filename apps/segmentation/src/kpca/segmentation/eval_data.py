@@ -13,8 +13,7 @@ In a config file::
 and on the command line ``--data.eval.corruption_preset=elliptical``. :class:`EvalData` holds these options and
 knows the test sets they give (:meth:`EvalData.eval_sets`, one per test dataloader);
 :class:`~kpca.segmentation.data.ADE20KDataModule` builds the loaders. ``corruptions``, ``severities`` and ``subset``
-are spelt as in vision-cls's ``data.eval`` group. :data:`REPLACED_OPTIONS` gives the new spelling of the flat ``data``
-options this group replaced (``data.eval_subset``, ``data.corruption_preset``, ...).
+are spelt as in vision-cls's ``data.eval`` group.
 """
 
 from __future__ import annotations
@@ -23,19 +22,6 @@ from dataclasses import dataclass
 
 from kpca.segmentation.corruption_sets import CorruptionPreset, CorruptionSet, resolve_corruption_set
 from kpca.training.eval_subset import check_eval_subset
-from kpca.training.replaced_options import moved_into_group
-
-REPLACED_OPTIONS: dict[str, str] = moved_into_group(
-    "eval",
-    (
-        ("eval_subset", "subset"),
-        ("corruption_preset", "corruption_preset"),
-        ("corruptions", "corruptions"),
-        ("severities", "severities"),
-        ("corruption_seed", "corruption_seed"),
-    ),
-)
-"""The removed flat ``data`` options of the evaluation sets, each with the error text that gives its new spelling."""
 
 
 @dataclass(frozen=True)

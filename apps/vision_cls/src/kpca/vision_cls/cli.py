@@ -16,7 +16,6 @@ from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.export import export_timm
 from kpca.vision_cls.module import ClassificationModule
-from kpca.vision_cls.replaced_options import REPLACED_OPTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +59,6 @@ class VisionCLI(ProjectCLI):
 
     monitor, mode = "val/acc1", "max"
     trainer_type = VisionTrainer
-    replaced_data_options = REPLACED_OPTIONS
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:

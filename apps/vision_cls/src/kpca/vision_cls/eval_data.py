@@ -11,8 +11,7 @@ In a config file::
 
 and on the command line ``--data.eval.corruptions=[gaussian_noise,fog]``. :class:`EvalData` holds these options and
 knows the sets they give (:meth:`EvalData.eval_sets`, one :class:`EvalSet` per test dataloader), their folders and
-their labels; :class:`~kpca.vision_cls.data.ImageNetDataModule` builds the loaders. :data:`REPLACED_OPTIONS` gives
-the new spelling of the flat ``data`` options this group replaced (``data.imagenet_c_root``, ``data.eval_subset``, ...).
+their labels; :class:`~kpca.vision_cls.data.ImageNetDataModule` builds the loaders.
 
 Folder layouts (ImageFolder-style, one sub-folder per class):
 
@@ -40,27 +39,12 @@ from kpca.training.choices import choices
 from kpca.training.data import evenly_spaced
 from kpca.training.eval_subset import check_eval_subset
 from kpca.training.images.corruptions import check_corruptions
-from kpca.training.replaced_options import moved_into_group
 from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.image_folders import ClassListImageFolder, class_folders
 from kpca.vision_cls.robustness import VariantName, check_class_folders, variant_synsets
 
 EvalKind = Literal["clean", "corrupted", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o", "imagenet_o_in"]
 IMAGENET_C_LAYOUT = "<data.eval.imagenet_c>/<corruption>/<severity>/<wnid>/* (e.g. gaussian_noise/1/n01440764/x.JPEG)"
-
-REPLACED_OPTIONS: dict[str, str] = moved_into_group(
-    "eval",
-    (
-        ("imagenet_c_root", "imagenet_c"),
-        ("imagenet_a_root", "imagenet_a"),
-        ("imagenet_r_root", "imagenet_r"),
-        ("imagenet_o_root", "imagenet_o"),
-        ("corruptions", "corruptions"),
-        ("severities", "severities"),
-        ("eval_subset", "subset"),
-    ),
-)
-"""The removed flat ``data`` options of the evaluation sets, each with the error text that gives its new spelling."""
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -59,7 +59,7 @@ from kpca.training.data_checks.bad_files import BadFilesMonitor
 from kpca.training.files import write_atomic
 from kpca.training.help_text import PlainHelpFormatter
 from kpca.training.machine_checks import check_machine
-from kpca.training.parser import project_parser
+from kpca.training.parser import ProjectArgumentParser
 from kpca.training.run_lock import RunLock
 from kpca.training.trainer import CHECK_DATA, ProjectTrainer
 
@@ -132,9 +132,6 @@ class ProjectCLI(LightningCLI):
     """The Trainer class; an app whose Trainer subclass adds a subcommand also lists it in :meth:`subcommands`."""
     description: str = "A kpca app: fit, validate, test and analyze models from YAML configs."
     """What the app's command does, shown by ``--help``."""
-    replaced_data_options: ClassVar[Mapping[str, str]] = {}
-    """Removed ``data`` options (name under ``data`` -> the text giving the new spelling), which a parser error about
-    one of them then ends with (:mod:`kpca.training.replaced_options`)."""
     _experiment_lock: Path | None = None
     """The experiment's lock file of ``fit --ckpt_path auto`` (set while resolving it)."""
     _args: ArgsType = None
@@ -157,11 +154,10 @@ class ProjectCLI(LightningCLI):
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """Lightning's parser, the main command's and each subcommand's.
 
-        It refuses abbreviated options, its errors give the new spelling of a removed ``data`` option
-        (:attr:`replaced_data_options`), see :mod:`kpca.training.parser`; its help is plain text, without the
-        reStructuredText of the docstrings it comes from (:mod:`kpca.training.help_text`).
+        It refuses abbreviated options and starts a refusal with its one line (:mod:`kpca.training.parser`); its help
+        is plain text, without the reStructuredText of the docstrings it comes from (:mod:`kpca.training.help_text`).
         """
-        self.parser_class = project_parser(self.replaced_data_options)
+        self.parser_class = ProjectArgumentParser
         kwargs.setdefault("formatter_class", PlainHelpFormatter)
         return super().init_parser(**kwargs)
 

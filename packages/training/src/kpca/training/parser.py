@@ -1,7 +1,7 @@
 """The argument parser of every app's command: Lightning's, with errors that a user reads in one line.
 
-:func:`project_parser` gives the parser class :class:`kpca.training.cli.ProjectCLI` builds its main and subcommand
-parsers from. Prefix matching is off (``--trainer.max_step`` is refused, not read as ``max_steps``).
+:class:`ProjectArgumentParser` is the parser class :class:`kpca.training.cli.ProjectCLI` builds its main and
+subcommand parsers from. Prefix matching is off (``--trainer.max_step`` is refused, not read as ``max_steps``).
 
 A refusal is short and starts with what is wrong (:func:`error_report`), instead of jsonargparse's usage dump that
 ends with a nested message::
@@ -11,8 +11,7 @@ ends with a nested message::
     see: vision-cls fit --help
 
 :func:`reshape` reads jsonargparse's message into the option's full dotted path and a one-line problem; the command
-line tells where the value came from (:func:`origin`) and a close option name (:func:`suggestions`); a refusal of a
-removed ``data`` option also gives its new spelling (:mod:`kpca.training.replaced_options`).
+line tells where the value came from (:func:`origin`) and a close option name (:func:`suggestions`).
 """
 
 from __future__ import annotations
@@ -22,15 +21,13 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser
-
-from kpca.training.replaced_options import replaced_option_hint
 
 COMMAND_LINE = "(given on the command line)"
 """The origin of a value typed on the command line."""
@@ -410,30 +407,25 @@ def error_report(
     args: Sequence[str],
     command: str,
     options: Iterable[str] = (),
-    hint: str | None = None,
     subcommand: str | None = None,
 ) -> str:
     """What a refused command prints on stderr, the error's one line first.
 
-    Then where the value came from, the new spelling of a removed option (``hint``) or a close option name,
-    jsonargparse's message when it says more, and where to see the accepted options; no usage.
+    Then where the value came from, a close option name, jsonargparse's message when it says more, and where to
+    see the accepted options; no usage.
 
     Args:
         refusal: jsonargparse's error message, reshaped (:func:`reshape`).
         args: the command line (without the program's name).
         command: the command whose ``--help`` lists the options (``vision-cls fit``).
         options: the option strings of that command's parser (for a suggestion of a close one).
-        hint: the new spelling of a removed option that the error names.
         subcommand: the subcommand that was parsing, if known.
     """
     subcommand = subcommand or refusal.subcommand
     lines = [refusal.first_line()]
     if refusal.path and (where := origin(refusal.path, args, subcommand)):
         lines.append(f"  {where}")
-    if hint:
-        lines.append(hint)
-    else:
-        lines += [f"did you mean {close}?" for close in suggestions(refusal.unknown, options)]
+    lines += [f"did you mean {close}?" for close in suggestions(refusal.unknown, options)]
     if refusal.details:
         lines.append(_indented(refusal.details))
     lines.append(f"see: {command} --help")
@@ -446,42 +438,36 @@ def _root(parser: Any) -> Any:
     return parser
 
 
-def project_parser(replaced: Mapping[str, str]) -> type[LightningArgumentParser]:
-    """The parser class of an app whose removed ``data`` options are ``replaced`` (name -> new spelling's text)."""
+class ProjectArgumentParser(LightningArgumentParser):
+    """Lightning's parser without prefix matching; a refusal starts with its one line (:func:`error_report`)."""
 
-    class ProjectArgumentParser(LightningArgumentParser):
-        """Lightning's parser without prefix matching; a refusal starts with its one line (:func:`error_report`)."""
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
-        def __init__(self, *args, **kwargs) -> None:
-            kwargs.setdefault("allow_abbrev", False)
-            super().__init__(*args, **kwargs)
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """Exit with status 2 and :func:`error_report`; raise as jsonargparse does when it would not exit."""
+        if not self.exit_on_error or "JSONARGPARSE_DEBUG" in os.environ:  # a nested parser, or debugging
+            super().error(message, ex)
+        self.logger.error(message)
+        refusal = reshape(message)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        args = getattr(_root(self), "args", None)
+        args = sys.argv[1:] if args is None else args
+        subcommand = getattr(parser, "subcommand", None)
+        command = parser.prog.replace(" [options]", "")
+        if subcommand is None and (subcommand := refusal.subcommand or self._subcommand_in(args)):
+            # the main parser, refusing a subcommand's option (it validates the subcommand's values)
+            command, parser = f"{command} {subcommand}", self._subcommand_parser(subcommand) or parser
+        sys.stderr.write(error_report(refusal, args, command, parser._option_string_actions, subcommand))
+        self.exit(2)
 
-        def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-            """Exit with status 2 and :func:`error_report`; raise as jsonargparse does when it would not exit."""
-            hint = replaced_option_hint(message, replaced)
-            if not self.exit_on_error or "JSONARGPARSE_DEBUG" in os.environ:  # a nested parser, or debugging
-                super().error(f"{message}\n{hint}" if hint else message, ex)
-            self.logger.error(message)
-            refusal = reshape(message)
-            parser = getattr(ex, "subcommand_parser", None) or self
-            args = getattr(_root(self), "args", None)
-            args = sys.argv[1:] if args is None else args
-            subcommand = getattr(parser, "subcommand", None)
-            command = parser.prog.replace(" [options]", "")
-            if subcommand is None and (subcommand := refusal.subcommand or self._subcommand_in(args)):
-                # the main parser, refusing a subcommand's option (it validates the subcommand's values)
-                command, parser = f"{command} {subcommand}", self._subcommand_parser(subcommand) or parser
-            sys.stderr.write(error_report(refusal, args, command, parser._option_string_actions, hint, subcommand))
-            self.exit(2)
+    def _subcommand_parser(self, name: str) -> LightningArgumentParser | None:
+        action = getattr(self, "_subcommands_action", None)
+        return action._name_parser_map.get(name) if action is not None else None
 
-        def _subcommand_parser(self, name: str) -> LightningArgumentParser | None:
-            action = getattr(self, "_subcommands_action", None)
-            return action._name_parser_map.get(name) if action is not None else None
-
-        def _subcommand_in(self, args: Sequence[str]) -> str | None:
-            """The subcommand on command line ``args`` (the first argument naming one, not a config file)."""
-            after_config = [i + 1 for i, arg in enumerate(args) if arg in ("-c", "--config")]
-            words = (arg for i, arg in enumerate(args) if i not in after_config)
-            return next((word for word in words if self._subcommand_parser(word)), None)
-
-    return ProjectArgumentParser
+    def _subcommand_in(self, args: Sequence[str]) -> str | None:
+        """The subcommand on command line ``args`` (the first argument naming one, not a config file)."""
+        after_config = [i + 1 for i, arg in enumerate(args) if arg in ("-c", "--config")]
+        words = (arg for i, arg in enumerate(args) if i not in after_config)
+        return next((word for word in words if self._subcommand_parser(word)), None)
