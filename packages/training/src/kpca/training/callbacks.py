@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
+from torch.nn.utils import get_total_norm
 
 from kpca.attention import RPCAttention
 from kpca.attention.errors import OptionError
@@ -121,7 +122,7 @@ class NonFiniteLoss(pl.Callback):
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
+        norm = get_total_norm(grads)  # one 2-norm over every gradient (0 without gradients)
         if bool(torch.isfinite(norm)):  # decided on the all-reduced gradients: every process agrees
             return
         loss = float(self._loss) if self._loss is not None else float("nan")
