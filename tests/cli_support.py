@@ -160,7 +160,7 @@ def run_compiled_fit(main: Callable, prog: str, smoke: Path, root: Path, cache: 
 
 
 def load_script(path: Path, name: str) -> ModuleType:
-    """The script at ``path`` (in benchmarks/ or requirements/, which are no packages) imported as module ``name``."""
+    """The script at ``path`` (in benchmarks/, tools/ or requirements/: no packages) imported as module ``name``."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the file executes

@@ -37,6 +37,7 @@ ROOTS = (
     "packages",
     "requirements",
     "tests",
+    "tools",
     "CHANGELOG.md",
     "Makefile",
     "README.md",
