@@ -1,14 +1,10 @@
-"""The training input path's options: data.input and data.augment_on, their one check, and the names they replaced."""
+"""The training input path's options: data.input and data.augment_on, and their one check."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from kpca.training.replaced_options import replaced_option_hint
-from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input.dali import train_input as dali_train_input
 from kpca.vision_cls.input.dali.loader import DaliTrainLoader
@@ -20,8 +16,6 @@ from kpca.vision_cls.input.options import (
     check_input_options,
     keyed_by_choices,
 )
-from kpca.vision_cls.replaced_options import REPLACED_OPTIONS
-from tests.cli_support import CONFIGS, CPU, refusal
 
 DEIT = "rand-m9-mstd0.5-inc1"
 OK = None
@@ -53,11 +47,6 @@ COMBINATIONS = [
 ]
 
 
-def hint(message: str) -> str | None:
-    """The hint vision-cls adds to a parser error ``message``."""
-    return replaced_option_hint(message, REPLACED_OPTIONS)
-
-
 @pytest.mark.parametrize(("path", "augment_on", "options", "error"), COMBINATIONS)
 def test_input_option_combinations(path: str, augment_on: str, options: dict, error: str | None):
     options = {"builtin": None, "auto_augment": DEIT, "color_jitter": 0.3, "bad_files": "error", **options}
@@ -80,43 +69,6 @@ def test_a_table_keyed_by_a_literal_must_cover_exactly_its_values():
         keyed_by_choices(InputPath, {"turbo": "", "timm": ""})
     with pytest.raises(TypeError, match="not the values of"):
         keyed_by_choices(AugmentOn, {**AUGMENT_ON, "cpu": ""})
-
-
-def test_parser_messages_get_the_new_spelling():
-    assert "data.input: dali" in hint("unrecognized arguments: --data.backend dali")
-    assert "data.input: timm" in hint("unrecognized arguments: --data.worker_transform=timm")
-    message = "Group 'data' does not accept option 'device_augment'"
-    assert "data.augment_on: workers (device_augment: false)" in hint(message)
-    assert hint("Group 'model' does not accept option 'backend'") is None
-    assert hint("unrecognized arguments: --data.backends x") is None
-
-
-def test_the_console_script_refuses_data_backend_with_the_new_spelling(tmp_path: Path):
-    smoke = CONFIGS / "vision_cls" / "smoke.yaml"
-    script = Path(sys.executable).parent / "vision-cls"
-    command = [str(script), "fit", "-c", str(CPU), "-c", str(smoke), "--data.backend", "dali", "--print_config"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode != 0 and "--print_config" not in done.stdout
-    assert "unrecognized arguments: --data.backend dali" in done.stderr
-    assert REPLACED_OPTIONS["backend"] in done.stderr and "data.input: dali" in done.stderr
-
-
-@pytest.mark.parametrize(
-    ("yaml_line", "option"),
-    [
-        ("backend: pil", "backend"),
-        ("worker_transform: timm", "worker_transform"),
-        ("device_augment: false", "device_augment"),
-    ],
-)
-def test_old_keys_in_a_config_file_are_refused_with_the_new_spelling(
-    tmp_path: Path, capsys: pytest.CaptureFixture, yaml_line: str, option: str
-):
-    config = tmp_path / "old.yaml"
-    config.write_text(f"data:\n  {yaml_line}\n")
-    smoke = CONFIGS / "vision_cls" / "smoke.yaml"
-    error = refusal(capsys, main, "vision-cls", "fit", "-c", CPU, "-c", smoke, "-c", config, "--print_config")
-    assert f"Group 'data' does not accept option '{option}'" in error and REPLACED_OPTIONS[option] in error
 
 
 def test_dali_lists_the_training_files_and_reads_them_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
