@@ -4,7 +4,7 @@
 the checked options into one :class:`TrainInput` (``setup``, ``loader``, ``device_tail``), the only thing the
 datamodule holds of the path. The folder shows the split:
 
-* :mod:`.options`: the path's options (:class:`TrainOptions`), the one check of them, and the names they replaced.
+* :mod:`.options`: the path's options (:class:`TrainOptions`) and the one check of them.
 * :mod:`.policy`: timm's RandAugment policy (op -> level -> argument) and Pillow's constants, read by every executor.
 * :mod:`.train_input`: what every path offers (:class:`TrainInput`).
 * :mod:`.workers`: the DataLoader workers' path (``turbo`` and ``timm``).

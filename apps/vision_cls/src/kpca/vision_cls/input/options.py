@@ -1,4 +1,4 @@
-"""The options of the training input path, the one check of them, and the names they replaced.
+"""The options of the training input path, and the one check of them.
 
 * ``data.input``: which code turns files into training images. ``turbo`` (the default): DataLoader workers decode
   with libjpeg-turbo (``simplejpeg``) and crop, resize and flip with torch (:mod:`kpca.vision_cls.input.workers`).
@@ -11,9 +11,7 @@
   device, before the float conversion and erasing (timm's policy and Pillow's pixels, other random draws).
 
 :class:`TrainOptions` holds every ``data`` option the input path reads and checks them when built:
-:func:`check_input_options` refuses every combination the paths cannot run. :data:`REPLACED_OPTIONS` gives the
-spelling that replaced ``data.backend``, ``data.worker_transform`` and ``data.device_augment``
-(:mod:`kpca.vision_cls.replaced_options` finds them in a parser's error).
+:func:`check_input_options` refuses every combination the paths cannot run.
 """
 
 from __future__ import annotations
@@ -87,21 +85,6 @@ AUGMENT_ON: dict[str, OnDevice] = keyed_by_choices(
 )
 """What each :data:`AugmentOn` value moves to the device: the one place that decides it."""
 WORKER_PATHS = "data.input=turbo (the default) or data.input=timm"
-
-REPLACED_OPTIONS: dict[str, str] = {
-    "backend": (
-        "data.backend was replaced by data.input: write data.input: dali for NVIDIA DALI, and data.input: turbo "
-        "(the default) or data.input: timm (timm's PIL transform) for the DataLoader workers of backend: pil."
-    ),
-    "worker_transform": (
-        "data.worker_transform was replaced by data.input: write data.input: turbo (the default) or data.input: timm."
-    ),
-    "device_augment": (
-        "data.device_augment was replaced by data.augment_on: write data.augment_on: device (device_augment: true, "
-        "the default) or data.augment_on: workers (device_augment: false)."
-    ),
-}
-"""The removed ``data`` options, each with the error text that gives its new spelling."""
 
 
 @dataclass(frozen=True)
