@@ -389,3 +389,13 @@ def test_on_cuda_the_same_draws_give_the_cpus_pixels(images: np.ndarray):
     assert differences.max() <= 1 and (differences > 0).double().mean() <= 1e-4, differences.nonzero()[:10]
     drawn_on_cuda = augment(batch.cuda(), torch.Generator(device="cuda").manual_seed(7))
     assert drawn_on_cuda.device.type == "cuda" and not torch.equal(drawn_on_cuda.cpu(), batch)
+
+
+def test_random_interpolation_runs_when_one_mode_draws_no_image(images: np.ndarray):
+    # With timm's "random" interpolation each geometric op resamples its images bilinear or bicubic; a mode that no
+    # image drew once made the empty subset fail to reshape.
+    augment = BatchRandAugment(DEIT, timm_train_hparams(interpolation="random"))
+    batch = to_batch(images[:2])  # (2, C, H, W): some op kinds draw one mode only
+    for seed in range(8):
+        out = augment(batch, torch.Generator().manual_seed(seed))
+        assert out.shape == batch.shape and out.dtype == torch.uint8
