@@ -4,7 +4,7 @@ from typing import Literal
 
 import pytest
 
-from kpca.training.choices import check_choice, choices, is_choice
+from kpca.training.choices import check_choice, choices, is_choice, keyed_by_choices
 
 Mode = Literal["error", "skip"]
 
@@ -39,3 +39,12 @@ def test_a_wrong_value_names_the_option_the_value_the_choices_and_the_fix():
     assert str(caught.value) == (
         "labels=True is not one of 'ground_truth', 'predicted'; write a word (YAML's true is a boolean)."
     )
+
+
+def test_a_table_keyed_by_a_literal_is_in_its_order_and_covers_exactly_its_values():
+    letter = Literal["a", "b"]
+    assert list(keyed_by_choices(letter, {"b": 2, "a": 1})) == ["a", "b"]
+    with pytest.raises(TypeError, match=r"\['a'\] are not the values of"):
+        keyed_by_choices(letter, {"a": 1})
+    with pytest.raises(TypeError, match="not the values of"):
+        keyed_by_choices(letter, {"a": 1, "b": 2, "c": 3})

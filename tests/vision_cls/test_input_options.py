@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from kpca.training.choices import keyed_by_choices
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input.dali import train_input as dali_train_input
 from kpca.vision_cls.input.dali.loader import DaliTrainLoader
@@ -14,7 +15,6 @@ from kpca.vision_cls.input.options import (
     AugmentOn,
     InputPath,
     check_input_options,
-    keyed_by_choices,
 )
 
 DEIT = "rand-m9-mstd0.5-inc1"

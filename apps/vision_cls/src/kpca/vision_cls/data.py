@@ -284,7 +284,7 @@ class ImageNetDataModule(ProjectDataModule):
         return check_image_folders(
             self.data_root,
             IMAGENET_LAYOUT,
-            self.eval.subset_roots(),
+            self.eval.variant_roots(),
             self.eval.imagenet_c_root,
             IMAGENET_C_LAYOUT,
             self.eval.severities,

@@ -122,14 +122,14 @@ class EvalData:
         """The ImageNet-C root as a path, or None."""
         return None if self.imagenet_c is None else Path(self.imagenet_c)
 
-    def subset_roots(self) -> dict[VariantName, Path | None]:
+    def variant_roots(self) -> dict[VariantName, Path | None]:
         """The root folders of ImageNet-A, -R and -O, each its field of the same name (None where unset)."""
         roots = {kind: getattr(self, kind) for kind in choices(VariantName)}
         return {kind: None if root is None else Path(root) for kind, root in roots.items()}
 
     def variant_root(self, kind: str) -> Path:
         """The root folder of ImageNet-A, -R or -O (``kind``); ValueError naming the option if it is unset."""
-        root = self.subset_roots().get(kind)
+        root = self.variant_roots().get(kind)
         if root is None:
             raise OptionError(f"Eval set kind {kind!r} has no folder; set data.eval.{kind}.")
         return root
@@ -173,7 +173,7 @@ class EvalData:
             classes: The training classes (ImageNet-O needs its wnids among them).
             data_root: The ImageFolder root of the training and validation sets, named in errors.
         """
-        for kind, root in self.subset_roots().items():
+        for kind, root in self.variant_roots().items():
             if root is not None:
                 check_class_folders(root, kind)
         root = self.imagenet_c_root

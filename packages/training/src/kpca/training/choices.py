@@ -1,20 +1,23 @@
 """One rule per choice: an option's allowed values are its ``Literal`` type's, checked by :func:`check_choice`.
 
+A table of data per choice is a dict keyed by the values, checked against the type (:func:`keyed_by_choices`).
 A string option is typed ``Literal[...]`` (LightningCLI reads its choices from the type), and code that checks a
 value at run time derives the same choices from that type instead of repeating them in a hand-written tuple::
 
     BadFilesMode = Literal["error", "skip"]
     check_choice("data.bad_files", value, BadFilesMode)
 
-Imports nothing but :mod:`typing`, so plain ``nn.Module`` code can use it.
+Imports nothing but :mod:`typing` and :mod:`kpca.attention.errors`, so plain ``nn.Module`` code can use it.
 """
 
 from __future__ import annotations
 
 import types
-from typing import Literal, Union, get_args, get_origin
+from typing import Literal, TypeVar, Union, get_args, get_origin
 
 from kpca.attention.errors import OptionError
+
+V = TypeVar("V")
 
 
 def choices(choice_type: object) -> tuple[object, ...]:
@@ -66,3 +69,16 @@ def check_choice(name: str, value: object, choice_type: object, fix: str = "") -
         return
     allowed = ", ".join(repr(choice) for choice in choices(choice_type))
     raise OptionError(f"{name}={value!r} is not one of {allowed}; {fix.rstrip('.') or 'choose one of them'}.")
+
+
+def keyed_by_choices(choice_type: object, table: dict[str, V]) -> dict[str, V]:
+    """``table`` in the order of ``choice_type``'s values, once its keys are checked to be exactly those values.
+
+    Raises:
+        TypeError: A value of the ``Literal`` without an entry, or an entry for no value (a table and its ``Literal``
+            that drifted apart).
+    """
+    names = choices(choice_type)
+    if set(table) != set(names):
+        raise TypeError(f"the table's keys {sorted(table)} are not the values of {choice_type} ({list(names)})")
+    return {name: table[name] for name in names}

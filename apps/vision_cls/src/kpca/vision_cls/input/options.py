@@ -17,12 +17,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from kpca.attention.errors import OptionError
-from kpca.training.choices import check_choice, choices
+from kpca.training.choices import check_choice, keyed_by_choices
 from kpca.training.data_checks.bad_files import BadFilesMode, check_bad_files_options
 from kpca.vision_cls.input.dali.recipe import parse_rand_augment
 
@@ -31,20 +31,6 @@ AugmentOn = Literal["device", "workers", "device_randaugment"]
 ErasingMode = Literal["pixel", "rand", "const"]
 """timm's random erasing fills (``data.re_mode``): per-pixel normal noise, one normal colour per erased box, or zero."""
 Interpolation = Literal["bicubic", "bilinear", "nearest"]
-T = TypeVar("T")
-
-
-def keyed_by_choices(choice_type: object, table: dict[str, T]) -> dict[str, T]:
-    """``table`` in the order of ``choice_type``'s values, once its keys are checked to be exactly those values.
-
-    Raises:
-        TypeError: A value of the ``Literal`` without an entry, or an entry for no value (a table and its ``Literal``
-            that drifted apart).
-    """
-    names = choices(choice_type)
-    if set(table) != set(names):
-        raise TypeError(f"the table's keys {sorted(table)} are not the values of {choice_type} ({list(names)})")
-    return {name: table[name] for name in names}
 
 
 INPUT_PATHS: dict[str, str] = keyed_by_choices(
