@@ -1,5 +1,7 @@
 """kpca.attention: softmax, symmetric and RPC-Attention (Principal Attention Pursuit) for PyTorch.
 
+The robust-attention family beside it (Twicing, NeuTRENO, Elliptical) are functions too (``kpca.attention.robust``).
+
 Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into timm ViTs. The paper's
 scaled-attention variants are modules too; its kernel-PCA diagnostics are ``kpca.attention.kernel_pca``. The
 project's ViTs (timm's DeiT sizes with any attention, in timm's registry, and DeiT <-> SymViT / RPC weights) are
@@ -22,6 +24,7 @@ from kpca.attention.modules import (
     ScaledAttention,
     SoftmaxAttention,
 )
+from kpca.attention.robust import elliptical_attention, elliptical_scale, neutreno_attention, twicing_attention
 from kpca.attention.spec import AttentionSpec, register_attention_kind
 from kpca.attention.swap import AttentionSwap, swap_attention
 
@@ -35,13 +38,17 @@ __all__ = [
     "ScaledAttention",
     "SoftmaxAttention",
     "convert_qkv_rows",
+    "elliptical_attention",
+    "elliptical_scale",
     "get_backend",
     "is_symmetric_qkv",
+    "neutreno_attention",
     "pap_mu",
     "register_attention_kind",
     "rpc_attention",
     "set_backend",
     "softmax_attention",
     "swap_attention",
+    "twicing_attention",
     "use_backend",
 ]

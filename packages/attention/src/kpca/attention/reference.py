@@ -4,6 +4,9 @@ It materialises every N x N attention map, loops over samples and heads, keeps t
 code's variables (Y, not Y / mu) and drops padded rows before attending instead of masking them.
 It shares no code with the fast path. Use it in float64 to test the fast path, never in a model.
 
+It also holds the robust-attention family's oracles (Twicing, NeuTRENO, Elliptical), written from their papers and
+the authors' code (see ``kpca.attention.robust``).
+
 Legend: B batch, H heads, N tokens, D head dim.
 """
 
@@ -151,3 +154,125 @@ def softmax_attention_reference(
             a = attention_map(q[b, h, rows], k[b, h, rows], scale, is_causal, mask)  # (N', N')
             out = out.index_put((torch.tensor(b), torch.tensor(h), rows), a @ v[b, h, rows])
     return out
+
+
+def _valid_rows(key_padding_mask: torch.Tensor | None, b: int, n: int) -> torch.Tensor:
+    """Indices of the non-padded rows of sample b: (N',)."""
+    return torch.arange(n) if key_padding_mask is None else (~key_padding_mask[b].cpu()).nonzero()[:, 0]
+
+
+def twicing_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Twicing attention over (B, H, N, D): the explicit ``(2A - A²) V`` per sample and head, padded rows zero."""
+    b_size, h_size, n, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros_like(v)
+    for b in range(b_size):
+        rows = _valid_rows(key_padding_mask, b, n)
+        for h in range(h_size):
+            mask = _slice_mask(attn_mask, (b_size, h_size, n, n), b, h, rows)
+            a = attention_map(q[b, h, rows], k[b, h, rows], scale, is_causal, mask)  # (N', N')
+            twiced = 2 * a - a @ a  # (N', N')
+            out = out.index_put((torch.tensor(b), torch.tensor(h), rows), twiced @ v[b, h, rows])
+    return out
+
+
+def neutreno_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    v_first: torch.Tensor,
+    *,
+    lambd: float,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """NeuTRENO over (B, H, N, D): ``A V + lambd (V_first - V)`` per sample and head, padded rows zero."""
+    b_size, h_size, n, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros_like(v)
+    for b in range(b_size):
+        rows = _valid_rows(key_padding_mask, b, n)
+        for h in range(h_size):
+            mask = _slice_mask(attn_mask, (b_size, h_size, n, n), b, h, rows)
+            a = attention_map(q[b, h, rows], k[b, h, rows], scale, is_causal, mask)  # (N', N')
+            value = a @ v[b, h, rows] + lambd * (v_first[b, h, rows] - v[b, h, rows])  # (N', D)
+            out = out.index_put((torch.tensor(b), torch.tensor(h), rows), value)
+    return out
+
+
+def elliptical_scale_single(v: torch.Tensor, v_prev: torch.Tensor, *, delta: float = 5.0) -> torch.Tensor:
+    """Elliptical attention's scale m for one (sample, head), as the authors' code computes it: (1, D).
+
+    ``W = ||(v - v_prev) / delta||_1 over the tokens / N`` (the mean over all N rows given, CLS included), then
+    ``W / max_d W``. A zero maximum (no difference at all) gives all ones instead of 0/0.
+
+    Args:
+        v, v_prev: (N, D) values of this and of the previous block (the rows the estimate sees).
+        delta: the reference's step (5 for vision, 1 for language); it cancels in the max-normalisation.
+    """
+    quotients = (v - v_prev) / delta  # (N, D)
+    w = torch.linalg.vector_norm(quotients, ord=1, dim=0, keepdim=True) / len(v)  # (1, D)
+    top = w.max(dim=-1, keepdim=True).values  # (1, 1)
+    return torch.where(top > 0, w / top, torch.ones_like(w))
+
+
+def elliptical_scale_reference(
+    v: torch.Tensor,
+    v_prev: torch.Tensor,
+    *,
+    delta: float = 5.0,
+    is_causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Elliptical scale m over (B, H, N, D) by looping :func:`elliptical_scale_single` over samples and heads.
+
+    Padded rows are dropped before the estimate. Returns (B, H, 1, D), or (B, H, N, D) when causal (ours): m at
+    position t is the estimate over the valid rows <= t (all ones if there are none).
+    """
+    b_size, h_size, n, d = v.shape
+    out = torch.zeros(b_size, h_size, n if is_causal else 1, d, dtype=v.dtype)
+    for b in range(b_size):
+        rows = _valid_rows(key_padding_mask, b, n)
+        for h in range(h_size):
+            if not is_causal:
+                out[b, h] = elliptical_scale_single(v[b, h, rows], v_prev[b, h, rows], delta=delta)
+                continue
+            for t in range(n):
+                seen = rows[rows <= t]  # the valid rows up to t
+                if len(seen):
+                    out[b, h, t] = elliptical_scale_single(v[b, h, seen], v_prev[b, h, seen], delta=delta)
+                else:
+                    out[b, h, t] = 1.0
+    return out
+
+
+def elliptical_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    v_prev: torch.Tensor,
+    *,
+    delta: float = 5.0,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Elliptical attention over (B, H, N, D): softmax attention on the queries times the detached scale m."""
+    m = elliptical_scale_reference(
+        v.detach(), v_prev.detach(), delta=delta, is_causal=is_causal, key_padding_mask=key_padding_mask
+    )  # (B, H, 1 | N, D)
+    return softmax_attention_reference(
+        q * m, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale
+    )
