@@ -138,13 +138,15 @@ def test_killed_plan_reruns_only_what_is_missing_and_reports_mean_and_std(tmp_pa
 
 def test_a_failed_step_stops_its_run_names_its_log_and_fails_the_plan(tmp_path, monkeypatch, digits_cache):
     monkeypatch.chdir(tmp_path)
-    path = write_plan(tmp_path, [{"name": "broken", "overrides": ["--trainer.no_such_option=1"]}], seeds=[0])
+    # a data root that is not there: the plan is valid, the fit fails when it looks (a DataError, exit status 3)
+    missing = ["--data.builtin=null", f"--data.root={tmp_path / 'no_imagenet'}"]
+    path = write_plan(tmp_path, [{"name": "broken", "overrides": missing}], seeds=[0])
     runner = start_runner(path, digits_cache, tmp_path, "run.log")
     assert runner.wait(timeout=TIMEOUT) == 1
     output = (tmp_path / "run.log").read_text()
     plan = load_plan(path)
     run = plan.runs[0]
-    assert "broken/seed0 fit FAILED (exit status 2); its later steps are skipped" in output
+    assert "broken/seed0 fit FAILED (exit status 3); its later steps are skipped" in output
     assert f"1 step(s) failed; their logs:\n  broken/seed0 fit: {log_path(run, 'fit')}" in output
     assert [s.state for s in step_states(plan)] == ["failed", "not started"]
     assert "## Status: 2 of 2 steps not done" in (plan.out / "report.md").read_text()
