@@ -12,9 +12,12 @@ from lightning.pytorch.cli import LightningCLI
 from kpca.attention import (
     AlphaAsymAttention,
     AttentionSpec,
+    EllipticalAttention,
+    NeuTRENOAttention,
     RPCAttention,
     ScaledAttention,
     SoftmaxAttention,
+    TwicingAttention,
     register_attention_kind,
 )
 from kpca.attention import spec as spec_module
@@ -38,11 +41,40 @@ def test_every_kind_builds_its_module():
         "rpc": (RPCAttention, True),
         "scaled_s": (ScaledAttention, False),
         "scaled_alpha": (AlphaAsymAttention, False),
+        "twicing": (TwicingAttention, False),
+        "neutreno": (NeuTRENOAttention, False),
+        "elliptical": (EllipticalAttention, False),
     }
     assert set(kinds()) == set(expected)  # a new kind gets a row here
     for kind, (cls, symmetric) in expected.items():
-        module = AttentionSpec(kind=kind, num_tokens=5).build(24, 3, qkv_bias=True)
+        module = AttentionSpec(kind=kind, num_tokens=5 if kind == "scaled_s" else None).build(24, 3, qkv_bias=True)
         assert type(module) is cls and module.symmetric == symmetric and module.qkv.bias is not None, kind
+
+
+def test_each_kind_has_its_settings_and_refuses_the_others():
+    assert AttentionSpec(kind="neutreno").lambd == 0.6  # the papers' vision setting
+    assert AttentionSpec(kind="neutreno", lambd=0.4).build(24, 3).lambd == 0.4  # language
+    assert AttentionSpec(kind="neutreno", lambd=0.0).lambd == 0.0  # softmax attention
+    assert AttentionSpec(kind="twicing").lambd is None and AttentionSpec(kind="elliptical").lambd is None
+    for kind in ("softmax", "symmetric", "rpc", "scaled_alpha"):  # as before: PAP's settings, taken by every kind
+        assert (AttentionSpec(kind=kind).n_iter, AttentionSpec(kind=kind).lambd) == (4, 4.0)
+    assert AttentionSpec(kind="symmetric", n_iter=6, lambd=3.0).n_iter == 6  # an RPC config switched by kind alone
+    with pytest.raises(ValueError, match=r"AttentionSpec.lambd=0.6 does not apply to kind 'twicing' .*remove lambd"):
+        AttentionSpec(kind="twicing", lambd=0.6)
+    with pytest.raises(ValueError, match=r"n_iter=6 does not apply to kind 'neutreno' \(it reads lambd\)"):
+        AttentionSpec(kind="neutreno", n_iter=6)
+    with pytest.raises(ValueError, match="convention='pcp' does not apply to kind 'elliptical'"):
+        AttentionSpec(kind="elliptical", convention="pcp")
+    with pytest.raises(ValueError, match="num_tokens=5 does not apply to kind 'twicing'"):
+        AttentionSpec(kind="twicing", num_tokens=5)
+    with pytest.raises(ValueError, match="lambd must be a finite float >= 0"):
+        AttentionSpec(kind="neutreno", lambd=-0.1)
+
+
+@pytest.mark.parametrize("kind", ["neutreno", "elliptical"])
+def test_per_block_neutreno_and_elliptical_give_the_other_blocks_softmax(kind):
+    spec = AttentionSpec(kind=kind, layers=[2], backend="torch")
+    assert spec.per_block(3) == [AttentionSpec(kind="softmax", backend="torch")] * 2 + [spec]
 
 
 @pytest.mark.parametrize("layers", ["all", [2, 0]])
@@ -110,10 +142,12 @@ def _plain(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> torch.nn.
 
 
 def test_the_kinds_and_their_literal_come_from_the_registry():
-    assert kinds() == ("softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha")
+    assert kinds() == (
+        "softmax", "symmetric", "rpc", "scaled_s", "scaled_alpha", "twicing", "neutreno", "elliptical"
+    )  # fmt: skip
     assert get_type_hints(AttentionSpec)["kind"] == Literal[kinds()]  # what LightningCLI reads
-    assert spec_module.registered_kind("rpc").others == "symmetric"
-    assert all(spec_module.registered_kind(kind).others is None for kind in kinds() if kind != "rpc")
+    others = {"rpc": "symmetric", "neutreno": "softmax", "elliptical": "softmax"}  # hand their values on
+    assert all(spec_module.registered_kind(kind).others == others.get(kind) for kind in kinds())
 
 
 @pytest.mark.usefixtures("registry")

@@ -13,7 +13,12 @@ SPECS = {
     "symmetric": AttentionSpec(kind="symmetric"),
     "rpc_all": RPC_ALL,
     "rpc_block0_6iter": AttentionSpec(kind="rpc", n_iter=6, layers=[0]),
+    "twicing": AttentionSpec(kind="twicing"),
+    "neutreno": AttentionSpec(kind="neutreno", lambd=0.4),  # the papers' language setting
+    "elliptical": AttentionSpec(kind="elliptical"),  # m at t: a prefix mean over tokens <= t
+    "elliptical_last": AttentionSpec(kind="elliptical", layers=[2]),  # blocks 0, 1: softmax that hands its v on
 }
+ROBUST = ("twicing", "neutreno", "elliptical", "elliptical_last")
 
 
 def tiny(attention: AttentionSpec = RPC_ALL, **kwargs) -> CausalTransformerLM:
@@ -33,6 +38,20 @@ def test_logits_at_t_ignore_every_token_after_t(name: str, norm_position: str):
         other = model(changed)
         torch.testing.assert_close(other[:, : t + 1], logits[:, : t + 1], rtol=0, atol=1e-12)
         assert not torch.allclose(other[:, t + 1 :], logits[:, t + 1 :])
+
+
+@pytest.mark.parametrize("name", ROBUST)
+def test_robust_kinds_leak_nothing_to_earlier_positions_bit_for_bit_and_keep_no_state(name: str):
+    model = tiny(SPECS[name]).double().eval()
+    tokens = torch.randint(0, 50, (2, 24))
+    logits = model(tokens)
+    relay = model.blocks[0].attn.relay
+    assert relay is None if name == "twicing" else (relay.first, relay.previous, relay.next_position) == (None, None, 0)
+    for j in (1, 9, 23):
+        changed = tokens.clone()
+        changed[:, j] = (changed[:, j] + 1) % 50  # perturb token j only
+        assert torch.equal(model(changed)[:, :j], logits[:, :j])
+    assert model.state_dict().keys() == tiny(SPECS["softmax"]).state_dict().keys()
 
 
 def test_gradients_of_position_t_do_not_reach_later_tokens_with_rpc_everywhere():

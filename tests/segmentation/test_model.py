@@ -163,3 +163,23 @@ def test_init_from_a_deit_or_symvit_file_at_deits_widths_fits_the_encoder(
     rows = 2 * width if encoder.kind == "rpc" else 3 * width  # RPC: [K;V] from DeiT's [Q;K;V]; DeiT: Q from K
     assert [b.attn.qkv.out_features for b in net.vit.blocks] == [rows] * 2
     assert_vit_holds(net.vit, source.state_dict(), width)
+
+
+@pytest.mark.parametrize("kind", ["twicing", "neutreno", "elliptical"])
+def test_segmenter_with_a_robust_kind_trains_with_one_relay_per_stack(kind: str):
+    spec = AttentionSpec(kind=kind)  # the decoder too: NeuTRENO's decoder block 1 takes decoder block 0's values
+    model = Segmenter(num_classes=3, attention=spec, decoder_dropout=0.0, **TINY).train()  # Twicing: no dropout
+    encoder, decoder = (stack.blocks[0].attn.relay for stack in (model.vit, model.decoder))
+    if kind == "twicing":
+        assert encoder is None and decoder is None  # no cross-layer state: no relay
+    else:
+        assert encoder is not decoder and (encoder.depth, decoder.depth) == (2, 2)
+        assert all(block.attn.relay is decoder for block in model.decoder.blocks)
+    images = torch.rand(2, 3, 40, 36, requires_grad=True)
+    logits = model(images)
+    assert logits.shape == (2, 3, 40, 36)
+    logits.square().mean().backward()
+    assert torch.isfinite(images.grad).all() and images.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    for relay in (encoder, decoder):
+        assert relay is None or (relay.first, relay.previous, relay.next_position) == (None, None, 0)

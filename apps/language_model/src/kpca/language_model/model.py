@@ -18,6 +18,7 @@ from torch import nn
 
 from kpca.attention import AttentionSpec
 from kpca.attention.errors import OptionError
+from kpca.attention.relay import install_relay
 from kpca.language_model.output_heads import WIKITEXT103_CUTOFFS, AdaptiveHead, SoftmaxHead
 from kpca.training.choices import check_choice, choices
 
@@ -104,7 +105,9 @@ class CausalTransformerLM(nn.Module):
     would give other initial weights (every tensor drawn after the first ``qkv``) than the symmetric
     ``qkv`` (2C rows) drawn here, and earlier runs and the demo's numbers would not reproduce. The
     ViTs swap because timm builds their blocks (timm's ``attn_layer`` cannot carry RPC's settings);
-    these blocks are ours.
+    these blocks are ours. Kinds that take values from earlier blocks (Elliptical: the previous
+    block's; NeuTRENO: block 0's) get them through one relay that the blocks' attention modules
+    share (``kpca.attention.relay.install_relay``); the other kinds get none.
 
     Args:
         vocab_size: vocabulary size V (the tokenizer's).
@@ -188,6 +191,7 @@ class CausalTransformerLM(nn.Module):
             )  # fmt: skip
             for spec in attention.per_block(depth)
         )
+        install_relay([block.attn for block in self.blocks], owner="CausalTransformerLM.blocks")  # Elliptical, NeuTRENO
         self.norm = nn.LayerNorm(width) if norm_position == "pre" else nn.Identity()
         if output == "adaptive":
             self.head = AdaptiveHead(width, vocab_size, tuple(adaptive_cutoffs), adaptive_div_value)

@@ -40,7 +40,9 @@ class MaskTransformerHead(nn.Module):
 
     Attention goes the ViTs' one way, as the encoder's does (:func:`kpca.attention.vit.create_vit`): timm blocks are
     built with softmax attention and initialised, then ``swap_attention`` replaces it for ``attention`` (for a
-    non-softmax kind), so encoder and decoder blocks have a ViT block's weight layout.
+    non-softmax kind), so encoder and decoder blocks have a ViT block's weight layout. Kinds that take values from
+    earlier blocks (Elliptical, NeuTRENO) get them through one relay among the decoder's blocks, apart from the
+    encoder's (``kpca.attention.relay``): NeuTRENO's decoder block 1 takes decoder block 0's values, as the authors'.
 
     Args:
         in_dim: encoder width E.
@@ -130,10 +132,11 @@ class Segmenter(PixelViT):
     """Segmenter on pixel-space images: DeiT / SymViT / RPC-SymViT encoder and a mask-transformer decoder.
 
     ``attention.kind`` chooses the encoder (``softmax`` DeiT, ``symmetric`` SymViT, ``rpc`` RPC-SymViT with PAP in
-    ``attention.layers``), ``decoder_attention`` the decoder blocks (the paper: RPC with 6 iterations in encoder
-    block 0 and decoder block 0). Any input size works: images are padded to a multiple of the patch size
-    and the position embeddings (learnt for ``img_size``) are interpolated to the patch grid. The encoder, the
-    normalisation and ``init_from`` are :class:`kpca.attention.vit.PixelViT`'s.
+    ``attention.layers``, or another registered kind: ``twicing``, ``neutreno``, ``elliptical``),
+    ``decoder_attention`` the decoder blocks (the paper: RPC with 6 iterations in encoder block 0 and decoder
+    block 0). Any input size works: images are padded to a multiple of the patch size and the position
+    embeddings (learnt for ``img_size``) are interpolated to the patch grid. The encoder, the normalisation and
+    ``init_from`` are :class:`kpca.attention.vit.PixelViT`'s.
 
     Args:
         arch: ``deit_tiny`` (192 wide, 3 heads), ``deit_small`` (384, 6) or ``deit_base`` (768, 12), 12 blocks,

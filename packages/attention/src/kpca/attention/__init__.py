@@ -1,6 +1,7 @@
 """kpca.attention: softmax, symmetric and RPC-Attention (Principal Attention Pursuit) for PyTorch.
 
-The robust-attention family beside it (Twicing, NeuTRENO, Elliptical) are functions too (``kpca.attention.robust``).
+The robust-attention family beside it (Twicing, NeuTRENO, Elliptical) are functions (``kpca.attention.robust``) and
+modules; Elliptical and NeuTRENO take values from earlier blocks through a relay (``kpca.attention.relay``).
 
 Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into timm ViTs. The paper's
 scaled-attention variants are modules too; its kernel-PCA diagnostics are ``kpca.attention.kernel_pca``. The
@@ -20,10 +21,14 @@ from kpca.attention.layout import convert_qkv_rows, is_symmetric_qkv
 from kpca.attention.modules import (
     AlphaAsymAttention,
     AttentionOptions,
+    EllipticalAttention,
+    NeuTRENOAttention,
     RPCAttention,
     ScaledAttention,
     SoftmaxAttention,
+    TwicingAttention,
 )
+from kpca.attention.relay import ValueRelay, install_relay
 from kpca.attention.robust import elliptical_attention, elliptical_scale, neutreno_attention, twicing_attention
 from kpca.attention.spec import AttentionSpec, register_attention_kind
 from kpca.attention.swap import AttentionSwap, swap_attention
@@ -33,14 +38,19 @@ __all__ = [
     "AttentionOptions",
     "AttentionSpec",
     "AttentionSwap",
+    "EllipticalAttention",
+    "NeuTRENOAttention",
     "RPCAttention",
     "RPCState",
     "ScaledAttention",
     "SoftmaxAttention",
+    "TwicingAttention",
+    "ValueRelay",
     "convert_qkv_rows",
     "elliptical_attention",
     "elliptical_scale",
     "get_backend",
+    "install_relay",
     "is_symmetric_qkv",
     "neutreno_attention",
     "pap_mu",

@@ -3,13 +3,14 @@
 Legend: B batch, H heads, N tokens, D head dim.
 
 A module's forward is plain tensor code around one or two of these calls. In eager Python each call is the public
-function (``softmax_attention``, ``rpc_attention``): argument checks, the backend chosen per call (Triton for CUDA
-inputs), PAP's autograd Functions that save one int8 mask per iteration. TorchScript compiles only the
-``torch.jit.is_scripting()`` branch: the torch backend on plain ops (``masked_sdpa``, ``_pap.pap_attention``), the
-same forward operations, so the same values. ``kpca.attention.modules`` registers the calls with ``torch.fx.wrap``:
-a symbolic trace (timm's, torchvision's feature extractor, ``torch.fx.symbolic_trace``) records each as one node,
-which runs the eager function (its checks then see real tensors), and which TorchScript compiles if the traced
-graph is scripted. Arguments are positional, as TorchScript wants them.
+function (``softmax_attention``, ``rpc_attention``, the robust family's): argument checks, the backend chosen per
+call (Triton for CUDA inputs), PAP's autograd Functions that save one int8 mask per iteration. TorchScript compiles
+only the ``torch.jit.is_scripting()`` branch: the torch backend on plain ops (``masked_sdpa``,
+``_pap.pap_attention``), the same forward operations, so the same values; Elliptical and NeuTRENO raise there
+(their values from earlier blocks live in a relay, a Python object). ``kpca.attention.modules`` registers the calls
+with ``torch.fx.wrap``: a symbolic trace (timm's, torchvision's feature extractor, ``torch.fx.symbolic_trace``)
+records each as one node, which runs the eager function (its checks then see real tensors), and which TorchScript
+compiles if the traced graph is scripted. Arguments are positional, as TorchScript wants them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ from kpca.attention._masks import masked_sdpa
 from kpca.attention._pap import pap_attention
 from kpca.attention.errors import OptionError
 from kpca.attention.functional import rpc_attention, softmax_attention
+from kpca.attention.robust import elliptical_attention, neutreno_attention, twicing_attention
+
+
+def refuse_script() -> torch.Tensor:
+    """The scripted form of an Elliptical or NeuTRENO call or module: it raises, naming what runs them instead."""
+    raise RuntimeError(
+        "Elliptical and NeuTRENO attention take values handed on from earlier blocks (kpca.attention.relay), which a "
+        "TorchScript model cannot hold; run the model eagerly, with torch.compile, torch.fx or torch.export"
+    )
 
 
 def _torch_backend_only(backend: str) -> None:
@@ -120,3 +130,57 @@ def scaled_values(
             "(AttentionSpec.num_tokens) for the model's sequence length"
         )
     return v - s_matrix.to(v.dtype) @ v  # (H, N, N) @ (B, H, N, D) -> (B, H, N, D)
+
+
+def twicing_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    is_causal: bool,
+) -> torch.Tensor:
+    """``twicing_attention(q, k, v, ...)`` on (B, H, N, D) tensors: (B, H, N, D); no attention dropout."""
+    if torch.jit.is_scripting():
+        u1 = masked_sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, 0.0, None)  # A v, (B, H, N, D)
+        return u1 + masked_sdpa(q, k, v - u1, attn_mask, key_padding_mask, is_causal, 0.0, None)
+    return twicing_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
+
+
+def neutreno_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    v_first: torch.Tensor,
+    lambd: float,
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
+    """``neutreno_attention(q, k, v, v_first, lambd=lambd, ...)`` on (B, H, N, D) tensors: (B, H, N, D)."""
+    if torch.jit.is_scripting():
+        return refuse_script()
+    return neutreno_attention(
+        q, k, v, v_first, lambd=lambd, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+        dropout_p=dropout_p,
+    )  # fmt: skip
+
+
+def elliptical_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    v_prev: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
+    """``elliptical_attention(q, k, v, v_prev, ...)`` on (B, H, N, D) tensors: (B, H, N, D)."""
+    if torch.jit.is_scripting():
+        return refuse_script()
+    return elliptical_attention(
+        q, k, v, v_prev, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+        dropout_p=dropout_p,
+    )  # fmt: skip

@@ -5,7 +5,11 @@ Legend: B batch, N tokens, C model width, H heads, D head dim.
 Parameter names follow timm's ``Attention`` (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``gate``,
 ``proj``). The asymmetric projection is ``qkv = Linear(dim, 3 * H * D)`` (Q, K, V), so its
 state_dict is timm's; the symmetric one is ``qkv = Linear(dim, 2 * H * D)`` (K, V), as in SymViT.
-``RPCAttention`` adds no parameter to symmetric attention: checkpoints move between the two.
+``RPCAttention`` adds no parameter to symmetric attention: checkpoints move between the two. The robust family
+(``TwicingAttention``, ``NeuTRENOAttention``, ``EllipticalAttention``) is asymmetric, as the papers' DeiT attention,
+and adds no parameter: a DeiT checkpoint loads as it is. Elliptical and NeuTRENO take values handed on from earlier
+blocks through a :class:`~kpca.attention.relay.ValueRelay` (``relay``), which every module of a stack hands its
+values on to once one is installed (:func:`~kpca.attention.relay.install_relay`).
 """
 
 from __future__ import annotations
@@ -17,11 +21,22 @@ import torch
 from torch import nn
 
 from kpca.attention._backend import Backend, check_backend
-from kpca.attention._calls import refuse_token_order, rpc_call, scaled_values, softmax_call
+from kpca.attention._calls import (
+    elliptical_call,
+    neutreno_call,
+    refuse_script,
+    refuse_token_order,
+    rpc_call,
+    scaled_values,
+    softmax_call,
+    twicing_call,
+)
 from kpca.attention._checks import Convention, check_pap_args
 from kpca.attention.errors import OptionError
 from kpca.attention.functional import RPCState, rpc_attention
 from kpca.attention.layout import qkv_rows, split_heads
+from kpca.attention.relay import ValueRelay
+from kpca.attention.robust import _check_lambd
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -31,6 +46,9 @@ if TYPE_CHECKING:
 torch.fx.wrap("softmax_call")
 torch.fx.wrap("rpc_call")
 torch.fx.wrap("scaled_values")
+torch.fx.wrap("twicing_call")
+torch.fx.wrap("neutreno_call")
+torch.fx.wrap("elliptical_call")
 
 
 class AttentionOptions(TypedDict, total=False):
@@ -81,7 +99,14 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         num_heads: H.
         head_dim: D.
         attn_dim: H * D, the rows in each of Q, K and V.
+        relay_needs: what the kind asks of the :class:`~kpca.attention.relay.ValueRelay` (class attribute; empty:
+            nothing, the module only hands its values on where a relay is installed).
+        relay: the relay shared with the other blocks' attention, or None (eager, torch.compile and torch.fx only).
+        relay_position: this module's block in the stack that shares ``relay``.
     """
+
+    __jit_ignored_attributes__ = ["relay"]  # a plain Python object: TorchScript models hold none
+    relay_needs: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -127,6 +152,8 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         self.gate = nn.Linear(dim, self.attn_dim, bias=qkv_bias, **dd) if gated else None
         self.proj = nn.Linear(self.attn_dim, dim_out or dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.relay: ValueRelay | None = None
+        self.relay_position = 0
 
     def forward(
         self,
@@ -153,10 +180,27 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         causal = True if self.is_causal else is_causal  # no branch on the argument: a torch.fx trace has a Proxy
         dropout_p = self.attn_drop.p if self.training else 0.0
         out = self._attend(queries, k, v, attn_mask, key_padding_mask, causal, dropout_p)
+        if not torch.jit.is_scripting():
+            self._hand_on(v)
         out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))  # (B, H, N, D) -> (B, N, H * D)
         if self.gate is not None:
             out = out * self.gate(x).sigmoid()
         return self.proj_drop(self.proj(out))  # (B, N, dim_out)
+
+    def _hand_on(self, v: torch.Tensor) -> None:
+        """Hand this block's (B, H, N, D) values on to the relay, if one is installed; eager, compile and fx only."""
+        if self.relay is not None:
+            self.relay.hand_on(self.relay_position, v)
+
+    def _relay(self) -> ValueRelay:
+        """The installed relay, for a kind that asks for one (eager, compile and fx only)."""
+        if self.relay is None:
+            raise OptionError(
+                f"{type(self).__name__} takes values from earlier blocks and has no relay; build the model with "
+                "swap_attention / kpca.attention.vit, or call kpca.attention.relay.install_relay on the attention "
+                "modules of its blocks, in order"
+            )
+        return self.relay
 
     @abc.abstractmethod
     def _attend(
@@ -213,7 +257,7 @@ class RPCAttention(_ProjectedAttention):
         convention: "reference" (the authors' code) or "pcp" (textbook PCP), see ``rpc_attention``.
     """
 
-    __jit_ignored_attributes__ = ["last_state"]  # eager diagnostics (a dataclass): no TorchScript attribute
+    __jit_ignored_attributes__ = ["relay", "last_state"]  # eager diagnostics (a dataclass): no TorchScript attribute
 
     def __init__(
         self,
@@ -342,3 +386,109 @@ class AlphaAsymAttention(_ProjectedAttention):
         symmetric = softmax_call(k, k, v, attn_mask, key_padding_mask, is_causal, 0.0, backend)  # softmax(K Kᵀ) V
         v = v - self.alpha.to(v.dtype) * symmetric  # (B, H, N, D)
         return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, backend)
+
+
+class TwicingAttention(_ProjectedAttention):
+    """Twicing attention (Abdullaev & Nguyen, ICLR 2025): asymmetric attention with ``(2A - A²) V``.
+
+    Takes :class:`SoftmaxAttention`'s arguments (always asymmetric, timm's parameter names); two SDPA calls per
+    forward (``kpca.attention.twicing_attention``). No cross-layer state.
+
+    Raises:
+        ValueError: for ``attn_drop > 0``: the two SDPA calls would draw different dropout masks (the papers train
+            with attention dropout 0).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs: Unpack[AttentionOptions]) -> None:
+        super().__init__(dim, num_heads, False, **kwargs)
+        if self.attn_drop.p != 0.0:
+            raise OptionError(
+                f"TwicingAttention takes no attention dropout, got attn_drop={self.attn_drop.p}: its two SDPA calls "
+                "would draw different masks; set the model's attention dropout to 0 (the papers' setting)"
+            )
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        return twicing_call(q, k, v, attn_mask, key_padding_mask, is_causal)
+
+
+class NeuTRENOAttention(_ProjectedAttention):
+    """NeuTRENO (Nguyen et al., NeurIPS 2023): asymmetric attention ``A V + lambd (V_1 - V)``.
+
+    ``V_1`` is the values of block 0 of the same forward, not detached (gradients reach block 0's ``qkv``), taken
+    from the relay (``relay_needs = ("first",)``). At position 0 the module is block 0 itself: plain softmax
+    attention (``V_1 - V = 0``) that hands its values on. Takes :class:`SoftmaxAttention`'s arguments (always
+    asymmetric, timm's parameter names, no parameter added) plus:
+
+    Args:
+        lambd: the fidelity weight lambda >= 0 (the papers: 0.6 vision, 0.4 language).
+    """
+
+    relay_needs = ("first",)
+
+    def __init__(self, dim: int, num_heads: int = 8, *, lambd: float = 0.6, **kwargs: Unpack[AttentionOptions]) -> None:
+        super().__init__(dim, num_heads, False, **kwargs)
+        _check_lambd(lambd)
+        self.lambd = float(lambd)
+
+    def extra_repr(self) -> str:
+        """The fidelity weight, shown in ``repr(module)``."""
+        return f"lambd={self.lambd}"
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            v_first = self._relay().first_for(self.relay_position)  # (B, H, N, D) of block 0, None in block 0
+            if v_first is None:
+                return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, self.backend)
+            return neutreno_call(q, k, v, v_first, self.lambd, attn_mask, key_padding_mask, is_causal, dropout_p)
+        return refuse_script()
+
+
+class EllipticalAttention(_ProjectedAttention):
+    """Elliptical attention (Nielsen et al., NeurIPS 2024): asymmetric softmax attention on rescaled queries.
+
+    ``softmax((q * m) kᵀ / sqrt(D)) V``, m the per-dimension mean of ``|V - V_prev|`` over tokens over its maximum
+    (prefix means when causal), without gradient (``kpca.attention.elliptical_attention``); ``V_prev`` is the
+    previous block's values of the same forward, detached, taken from the relay (``relay_needs =
+    ("previous",)``). At position 0 there is no previous block: plain softmax attention that hands its values on.
+    Takes :class:`SoftmaxAttention`'s arguments (always asymmetric, timm's parameter names, no parameter added).
+    """
+
+    relay_needs = ("previous",)
+
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs: Unpack[AttentionOptions]) -> None:
+        super().__init__(dim, num_heads, False, **kwargs)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            v_prev = self._relay().previous_for(self.relay_position)  # (B, H, N, D) of the block before, or None
+            if v_prev is None:
+                return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, self.backend)
+            return elliptical_call(q, k, v, v_prev, attn_mask, key_padding_mask, is_causal, dropout_p)
+        return refuse_script()

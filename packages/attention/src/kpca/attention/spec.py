@@ -1,15 +1,16 @@
 """AttentionSpec, the one serialisable object with which apps and configs choose attention, and the attention kinds.
 
 Each kind is registered once, with :func:`register_attention_kind` on its builder, in one dict keyed by kind: its
-builder, the kind of the blocks outside ``AttentionSpec.layers``, and its ViTs in timm's registry (their name prefix
-and default settings, which :mod:`kpca.attention.vit` reads). ``AttentionSpec.kind``'s choices are that dict's keys
+builder, the kind of the blocks outside ``AttentionSpec.layers``, the ``AttentionSpec`` settings it reads (with its
+defaults), and its ViTs in timm's registry (their name prefix and default settings, which :mod:`kpca.attention.vit`
+reads). ``AttentionSpec.kind``'s choices are that dict's keys
 (:func:`kinds`), read each time a parser asks for them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -18,11 +19,25 @@ from torch import nn
 from kpca.attention._backend import Backend, check_backend
 from kpca.attention._checks import Convention, check_pap_args
 from kpca.attention.errors import OptionError
-from kpca.attention.modules import AlphaAsymAttention, RPCAttention, ScaledAttention, SoftmaxAttention
+from kpca.attention.modules import (
+    AlphaAsymAttention,
+    EllipticalAttention,
+    NeuTRENOAttention,
+    RPCAttention,
+    ScaledAttention,
+    SoftmaxAttention,
+    TwicingAttention,
+)
+from kpca.attention.robust import _check_lambd
 
 Builder = Callable[..., nn.Module]
 """``build(spec, dim, num_heads, **options)``: the module of a kind, for an :class:`AttentionSpec` and timm
 ``Attention``'s keywords (``kpca.attention.modules.AttentionOptions``)."""
+
+PAP_LAMBD = 4.0
+"""``AttentionSpec.lambd`` of the kinds that take every setting when it is left None: PAP's sparsity weight."""
+KIND_SETTINGS = ("n_iter", "lambd", "convention", "num_tokens")
+"""The ``AttentionSpec`` fields that only some kinds read (``kind``, ``layers`` and ``backend`` are every kind's)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,9 @@ class RegisteredKind:
             them as they are.
         vit_family: the timm name prefix of its ViTs (``rpc_symvit`` -> ``rpc_symvit_tiny_patch16_224``).
         vit_defaults: the ``AttentionSpec`` settings of its ViTs in timm's registry, besides ``kind``.
+        settings: the :data:`KIND_SETTINGS` it reads, each with its default for a field left None; the others must
+            stay at the field's default. None: it takes every setting (the kinds registered before the rule:
+            softmax, symmetric, rpc, the scaled kinds; a config switched between them by ``kind`` alone parses).
     """
 
     name: str
@@ -43,6 +61,7 @@ class RegisteredKind:
     others: str | None
     vit_family: str
     vit_defaults: Mapping[str, Any]
+    settings: Mapping[str, Any] | None = None
 
     def vit_attention(self, **overrides: Any) -> AttentionSpec:
         """The attention of this kind's ViTs in timm's registry: its :attr:`vit_defaults`, then ``overrides``."""
@@ -64,6 +83,7 @@ def register_attention_kind(
     others: str | None = None,
     vit_family: str | None = None,
     vit_defaults: Mapping[str, Any] | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> Callable[[Builder], Builder]:
     """Register an attention kind: decorate its :data:`Builder` with this.
 
@@ -79,6 +99,10 @@ def register_attention_kind(
         vit_defaults: the ``AttentionSpec`` settings of its ViTs in timm's registry, besides ``kind`` (``rpc``:
             ``{"n_iter": 4, "lambd": 4.0, "layers": [0]}``; None: AttentionSpec's defaults);
             ``timm.create_model(..., attention={...})`` overrides them.
+        settings: the ``AttentionSpec`` fields of :data:`KIND_SETTINGS` that the kind reads, each with its default
+            for a field left None (``neutreno``: ``{"lambd": 0.6}``); ``AttentionSpec`` refuses any other of them
+            set away from the field's default. None: the kind takes every setting unchecked, ``lambd`` None
+            meaning PAP's 4.0 (the kinds registered before this rule).
 
     Raises:
         ValueError: if ``name`` is no identifier or is registered already, ``others`` is not registered, or
@@ -100,7 +124,11 @@ def register_attention_kind(
         owner = next((entry.name for entry in _REGISTRY.values() if entry.vit_family == family), None)
         if owner is not None:
             raise OptionError(f"vit_family={family!r} for kind {name!r} names the ViTs of kind {owner!r}; pick another")
-        entry = RegisteredKind(name, build, others, family, MappingProxyType(dict(vit_defaults or {})))
+        unknown = sorted(set(settings or {}) - set(KIND_SETTINGS))
+        if unknown:
+            raise OptionError(f"settings {unknown} for kind {name!r} are no kind settings; choose from {KIND_SETTINGS}")
+        read = None if settings is None else MappingProxyType(dict(settings))
+        entry = RegisteredKind(name, build, others, family, MappingProxyType(dict(vit_defaults or {})), read)
         _REGISTRY[name] = entry
         try:
             entry.vit_attention()  # its ViTs' default settings make a valid AttentionSpec
@@ -144,28 +172,43 @@ class AttentionSpec:
             (``A (I − S) V``, a learnable H x N x N ``S`` per layer, init 0) and ``scaled_alpha``
             (``A (I − α softmax(K Kᵀ/√D)) V``, a learnable scalar α per layer, init 0), or a kind registered
             with :func:`register_attention_kind`.
+            The robust family: ``twicing`` (``(2A - A²) V``), ``neutreno`` (``A V + lambd (V_1 - V)``, V_1 the
+            first block's values) and ``elliptical`` (queries rescaled by the previous block's value change).
         n_iter: PAP attention evaluations per RPC layer (>= 1); used by ``rpc`` only.
-        lambd: PAP sparsity weight (> 0, finite); used by ``rpc`` only.
+        lambd: the kind's weight: PAP's sparsity weight for ``rpc`` (> 0, finite; None: 4.0), NeuTRENO's fidelity
+            weight for ``neutreno`` (>= 0; None: 0.6, the papers' vision setting; 0.4 for language). Left None for
+            ``twicing`` and ``elliptical``.
         layers: ``"all"`` or a list of block indices that get ``kind``. The other blocks get the kind's
             registered ``others``: with ``rpc`` they are symmetric softmax (an RPC model is a SymViT with PAP in
-            chosen blocks); the other built-in kinds leave them as they are (see :meth:`per_block`).
-        convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP).
+            chosen blocks); with ``neutreno`` and ``elliptical`` our softmax attention (it hands its values on);
+            the other built-in kinds leave them as they are (see :meth:`per_block`). NeuTRENO and Elliptical in
+            block 0 are plain softmax attention (there is no earlier block), so ``"all"`` is the papers' blocks
+            2 to the last.
+        convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP); ``rpc`` only.
         backend: ``auto``, ``torch`` or ``triton`` (see ``kpca.attention.set_backend``).
         num_tokens: N for ``scaled_s`` (its S is N x N); None lets ``swap_attention`` read it from a timm
             ViT (patches + prefix tokens).
+
+    A setting that the kind does not read (its registration's ``settings``) must stay at its default: e.g.
+    ``AttentionSpec(kind="twicing", lambd=0.6)`` raises, naming the setting. The kinds registered before that rule
+    (softmax, symmetric, rpc, the scaled kinds) take every setting, as before.
     """  # noqa: D214, D405 (the YAML key ``attention:`` above is no docstring section)
 
     kind: Literal[kinds()] = "softmax"  # the registered kinds when a parser reads the type: LightningCLI's choices
     n_iter: int = 4
-    lambd: float = 4.0
+    lambd: float | None = None
     layers: Literal["all"] | list[int] = "all"
     convention: Convention = "reference"
     backend: Backend = "auto"
     num_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        registered_kind(self.kind)
-        check_pap_args(self.n_iter, self.lambd, self.convention, None)
+        entry = registered_kind(self.kind)
+        if entry.settings is None:
+            self.lambd = PAP_LAMBD if self.lambd is None else self.lambd
+            check_pap_args(self.n_iter, self.lambd, self.convention, None)
+        else:
+            self._resolve_settings(entry)
         check_backend(self.backend)
         if self.num_tokens is not None and (
             isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1
@@ -179,6 +222,23 @@ class AttentionSpec:
                 raise OptionError(f"AttentionSpec.layers must be 'all' or a list of block indices, got {layers!r}")
             if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
                 raise OptionError(f"AttentionSpec.layers must hold distinct non-negative indices, got {list(layers)}")
+
+    def _resolve_settings(self, entry: RegisteredKind) -> None:
+        """Fill the settings ``entry``'s kind reads from its defaults; refuse the others set away from theirs."""
+        defaults = {f.name: f.default for f in fields(self) if f.name in KIND_SETTINGS}
+        for name in KIND_SETTINGS:
+            value = getattr(self, name)
+            if name in entry.settings:
+                if value is None:
+                    setattr(self, name, entry.settings[name])
+            elif value != defaults[name]:
+                reads = ", ".join(entry.settings) or "no setting beyond kind, layers and backend"
+                raise OptionError(
+                    f"AttentionSpec.{name}={value!r} does not apply to kind {self.kind!r} (it reads {reads}); "
+                    f"remove {name} (leave it at {defaults[name]!r})"
+                )
+        if "lambd" in entry.settings:
+            _check_lambd(self.lambd)
 
     def block_indices(self, depth: int) -> list[int]:
         """The indices of the blocks that get ``kind`` in a model of ``depth`` blocks."""
@@ -250,3 +310,18 @@ def _scaled_s(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Mod
 @register_attention_kind("scaled_alpha")
 def _scaled_alpha(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return AlphaAsymAttention(dim, num_heads, backend=spec.backend, **kwargs)
+
+
+@register_attention_kind("twicing", settings={})  # all blocks (the papers' ImageNet model; the LM: its last two)
+def _twicing(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    return TwicingAttention(dim, num_heads, backend=spec.backend, **kwargs)
+
+
+@register_attention_kind("neutreno", others="softmax", settings={"lambd": 0.6})
+def _neutreno(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    return NeuTRENOAttention(dim, num_heads, lambd=spec.lambd, backend=spec.backend, **kwargs)
+
+
+@register_attention_kind("elliptical", others="softmax", settings={})
+def _elliptical(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    return EllipticalAttention(dim, num_heads, backend=spec.backend, **kwargs)

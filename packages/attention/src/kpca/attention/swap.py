@@ -1,4 +1,4 @@
-"""swap_attention: put softmax, symmetric or RPC attention into the blocks of a timm ViT-like model."""
+"""swap_attention: put any registered attention kind into the blocks of a timm ViT-like model."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import nn
 
 from kpca.attention.errors import OptionError
 from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv
+from kpca.attention.relay import install_relay
 from kpca.attention.spec import AttentionSpec
 
 
@@ -32,9 +33,12 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
     fit: asymmetric -> symmetric keeps the K and V rows of ``qkv`` and drops Q (and ``q_norm``);
     symmetric -> asymmetric initialises Q from K, so the new model computes the same function;
     symmetric <-> RPC move every parameter (RPC adds none); asymmetric -> a scaled-attention kind moves
-    every parameter and starts S or α at 0, so the function is unchanged. Which block gets what is
+    every parameter and starts S or α at 0, so the function is unchanged; asymmetric <-> Twicing, NeuTRENO or
+    Elliptical move every parameter (they add none). Which block gets what is
     :meth:`AttentionSpec.per_block`: with ``spec.kind == "rpc"`` the blocks outside ``spec.layers``
-    become symmetric softmax attention, otherwise they are left as they are.
+    become symmetric softmax attention, with ``neutreno`` and ``elliptical`` asymmetric softmax attention,
+    otherwise they are left as they are. Then the blocks' attention modules share one
+    :class:`~kpca.attention.relay.ValueRelay` if some kind asks for one (``install_relay``), and none otherwise.
 
     Returns:
         One :class:`AttentionSwap` per replaced module (blocks already of the wanted kind and
@@ -55,6 +59,7 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
         new = target.build(**_shape_of(old))
         swaps.append(AttentionSwap(i, type(old).__name__, type(new).__name__, _move_weights(old, new)))
         block.attn = new
+    install_relay([block.attn for block in blocks], owner=f"{type(model).__name__}.blocks")
     return swaps
 
 

@@ -7,6 +7,9 @@ import it. Importing it registers with timm, for each size ``tiny`` / ``small`` 
 - ``symvit_<size>_patch16_224``: SymViT (symmetric attention in every block);
 - ``rpc_symvit_<size>_patch16_224``: RPC-SymViT (PAP with n_iter 4, lambd 4 in block 0, as the paper's example);
 - ``deit_scaled_s_<size>_patch16_224`` / ``deit_scaled_alpha_<size>_patch16_224``: the scaled-attention variants;
+- ``deit_twicing_<size>_patch16_224``, ``deit_neutreno_<size>_patch16_224`` (lambda 0.6),
+  ``deit_elliptical_<size>_patch16_224``: the robust family in the papers' blocks (``layers: all``; NeuTRENO and
+  Elliptical in block 0 are plain softmax that hands its values on, through the relay ``swap_attention`` installs);
 
 one family per attention kind registered before this import, named and set by its registration
 (:func:`kpca.attention.spec.register_attention_kind`'s ``vit_family`` and ``vit_defaults``); softmax's is timm's own

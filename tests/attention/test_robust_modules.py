@@ -1,0 +1,227 @@
+"""TwicingAttention, NeuTRENOAttention, EllipticalAttention and the relay: modules, ViTs, state, compile.
+
+Each module equals its function (and the float64 reference) forward and backward; in a ViT, Elliptical's block l
+uses block l - 1's values and NeuTRENO's every block block 0's (a hand-run of the blocks), NeuTRENO's gradients
+reach block 0's ``qkv``; nothing outlives a forward; checkpoints are DeiT's; ``torch.compile`` matches eager.
+"""
+
+import copy
+
+import pytest
+import timm
+import torch
+
+from kpca.attention import (
+    AttentionSpec,
+    EllipticalAttention,
+    NeuTRENOAttention,
+    SoftmaxAttention,
+    TwicingAttention,
+    elliptical_attention,
+    install_relay,
+    neutreno_attention,
+    softmax_attention,
+    twicing_attention,
+)
+from kpca.attention.errors import OptionError
+from kpca.attention.reference import (
+    elliptical_attention_reference,
+    neutreno_attention_reference,
+    twicing_attention_reference,
+)
+from kpca.attention.vit import create_vit
+
+DIM, HEADS, N = 24, 3, 7
+LAMBD = 0.6
+TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 3, "num_heads": 2, "num_classes": 5}
+KINDS = ("twicing", "neutreno", "elliptical")
+FUNCTION = {
+    "twicing": lambda q, k, v, w, **kw: twicing_attention(q, k, v, **kw),
+    "neutreno": lambda q, k, v, w, **kw: neutreno_attention(q, k, v, w, lambd=LAMBD, **kw),
+    "elliptical": lambda q, k, v, w, **kw: elliptical_attention(q, k, v, w, **kw),
+}
+REFERENCE = {
+    "twicing": lambda q, k, v, w, **kw: twicing_attention_reference(q, k, v, **kw),
+    "neutreno": lambda q, k, v, w, **kw: neutreno_attention_reference(q, k, v, w, lambd=LAMBD, **kw),
+    "elliptical": lambda q, k, v, w, **kw: elliptical_attention_reference(q, k, v, w, **kw),
+}
+
+
+def heads(attn: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """q, k, v (B, H, N, D) of an asymmetric module's projection of (B, N, C) ``x``."""
+    b, n, _ = x.shape
+    return list(attn.qkv(x).view(b, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4))
+
+
+def merged(attn: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, D) heads through the module's output projection: (B, N, C)."""
+    b, _, n, _ = out.shape
+    return attn.proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+def pair(kind: str, is_causal: bool = False) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Block 0 (softmax) and block 1 (``kind``) attention in float64, sharing one relay."""
+    first = SoftmaxAttention(DIM, HEADS, qkv_bias=True, is_causal=is_causal).double()
+    second = AttentionSpec(kind=kind, lambd=LAMBD if kind == "neutreno" else None).build(
+        DIM, HEADS, qkv_bias=True, is_causal=is_causal
+    )
+    install_relay([first, second.double()])
+    return first, second
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_module_equals_its_function_and_the_reference_forward_and_backward(kind: str, is_causal: bool):
+    first, second = pair(kind, is_causal)
+    x0, x1 = (torch.randn(2, N, DIM, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    weights = torch.randn(2, N, DIM, dtype=torch.float64)
+    params = [x0, x1, *first.parameters(), *second.parameters()]
+
+    first(x0)
+    out = second(x1)  # (B, N, C)
+    grads = torch.autograd.grad((out * weights).sum(), params, allow_unused=True)
+    for fn in (FUNCTION[kind], REFERENCE[kind]):
+        v0 = heads(first, x0)[2]  # block 0's values (B, H, N, D)
+        expected = merged(second, fn(*heads(second, x1), v0, is_causal=is_causal))
+        torch.testing.assert_close(out, expected)
+        expected_grads = torch.autograd.grad((expected * weights).sum(), params, allow_unused=True)
+        for got, want in zip(grads, expected_grads, strict=True):
+            assert (got is None) == (want is None)
+            if got is not None:
+                torch.testing.assert_close(got, want)
+    reaches_first = grads[2] is not None and grads[2].abs().sum() > 0  # block 0's qkv weight
+    assert reaches_first == (kind == "neutreno")  # NeuTRENO's V_1 carries gradients; Elliptical's m none
+
+
+def test_neutreno_with_lambda_zero_is_softmax_and_its_gradients_reach_only_block_0s_value_rows():
+    first, second = pair("neutreno")
+    x0, x1 = torch.randn(2, N, DIM, dtype=torch.float64), torch.randn(2, N, DIM, dtype=torch.float64)
+    first(x0)
+    second(x1).sum().backward()
+    rows = first.qkv.weight.grad.abs().sum(dim=1)  # (3C,) [Q; K; V]
+    assert rows[: 2 * DIM].eq(0).all() and rows[2 * DIM :].gt(0).all()
+    off = NeuTRENOAttention(DIM, HEADS, lambd=0.0).double()
+    plain = SoftmaxAttention(DIM, HEADS).double()
+    plain.load_state_dict(off.state_dict())
+    install_relay([first, off])
+    first(x0)
+    torch.testing.assert_close(off(x1), plain(x1), rtol=0, atol=0)
+
+
+def test_twicing_refuses_attention_dropout_and_every_module_keeps_deits_parameters():
+    with pytest.raises(ValueError, match="TwicingAttention takes no attention dropout, got attn_drop=0.1"):
+        TwicingAttention(DIM, HEADS, attn_drop=0.1)
+    deit = SoftmaxAttention(DIM, HEADS, qkv_bias=True, gated=True).state_dict()
+    for cls in (TwicingAttention, NeuTRENOAttention, EllipticalAttention):
+        module = cls(DIM, HEADS, qkv_bias=True, gated=True)
+        assert module.state_dict().keys() == deit.keys() and not module.symmetric
+        module.load_state_dict(deit)
+
+
+def test_a_relay_needing_module_without_a_relay_or_out_of_order_names_the_fix():
+    with pytest.raises(ValueError, match="EllipticalAttention takes values from earlier blocks and has no relay"):
+        EllipticalAttention(DIM, HEADS)(torch.randn(1, N, DIM))
+    first, second = pair("neutreno")
+    with pytest.raises(RuntimeError, match=r"attention block 1 asks for the first block's values, but blocks 0..0"):
+        second(torch.randn(1, N, DIM, dtype=torch.float64))
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TINY)
+    with pytest.raises(ValueError, match=r"blocks \[0, 1, 2\] of the ViT have attention that cannot hand on"):
+        install_relay([*(b.attn for b in vit.blocks), NeuTRENOAttention(32, 2)], owner="the ViT")
+
+
+def vit(kind: str, **kwargs) -> torch.nn.Module:
+    """A tiny ViT with ``kind`` attention, in float64, eval mode."""
+    torch.manual_seed(0)
+    return create_vit("deit_tiny", AttentionSpec(kind=kind, **kwargs), **TINY).double().eval()
+
+
+def hand_run(model: torch.nn.Module, images: torch.Tensor, kind: str) -> torch.Tensor:
+    """``model.forward_features`` block by block with the functions: block 0 softmax, then ``kind`` on the
+    previous block's values (elliptical) or block 0's (neutreno)."""
+    x = model.norm_pre(model._pos_embed(model.patch_embed(images)))  # (B, N, C)
+    values = []
+    for i, block in enumerate(model.blocks):
+        q, k, v = heads(block.attn, block.norm1(x))  # (B, H, N, D)
+        if i == 0:
+            out = softmax_attention(q, k, v)
+        elif kind == "elliptical":
+            out = elliptical_attention(q, k, v, values[-1])
+        else:
+            out = neutreno_attention(q, k, v, values[0], lambd=LAMBD)
+        values.append(v)
+        x = x + block.ls1(merged(block.attn, out))
+        x = x + block.ls2(block.mlp(block.norm2(x)))
+    return model.norm(x)
+
+
+@pytest.mark.parametrize("kind", ["neutreno", "elliptical"])
+def test_a_vit_hands_each_block_the_values_its_kind_asks_for(kind: str):
+    model = vit(kind)
+    images = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    torch.testing.assert_close(model.forward_features(images), hand_run(model, images, kind), rtol=1e-12, atol=1e-12)
+    papers = vit(kind, layers=[1, 2])  # the papers' blocks 2 to the last: block 0 is our softmax attention
+    assert [type(b.attn) for b in papers.blocks][0] is SoftmaxAttention
+    papers.load_state_dict(model.state_dict())
+    assert torch.equal(papers(images), model(images))  # "all" is that set: block 0 has no earlier block
+
+
+def test_neutreno_gradients_reach_block_0s_qkv_through_every_later_block():
+    model, softmax = vit("neutreno"), vit("softmax")
+    softmax.load_state_dict(model.state_dict())
+    images = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    grads = []
+    for m in (model, softmax):
+        m(images).sum().backward()
+        grads.append(m.blocks[0].attn.qkv.weight.grad)
+    assert not torch.allclose(grads[0], grads[1])  # the lambda (V_1 - V_l) terms add to block 0's value rows
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nothing_outlives_a_forward_and_checkpoints_are_deits(kind: str):
+    model = vit(kind).train()
+    fresh = copy.deepcopy(model)
+    relay = model.blocks[0].attn.relay
+    assert (relay is None) == (kind == "twicing")  # a kind that needs none gets none
+    assert all(b.attn.relay is relay for b in model.blocks)
+    assert relay is None or fresh.blocks[0].attn.relay is not relay  # a copy has its own
+    first, second = torch.randn(2, 3, 32, 32, dtype=torch.float64), torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    model(first).sum().backward()
+    if relay is not None:
+        assert (relay.first, relay.previous, relay.next_position) == (None, None, 0)
+    torch.testing.assert_close(model(second), fresh(second), rtol=0, atol=0)
+    deit = timm.create_model("deit_tiny_patch16_224", pretrained=False, **TINY).double()
+    assert model.state_dict().keys() == deit.state_dict().keys()
+    deit.load_state_dict(model.state_dict())  # and back, strictly
+    model.load_state_dict(deit.state_dict())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_compiled_vit_matches_eager_without_graph_breaks(kind: str):
+    torch._dynamo.reset()
+    model = vit(kind).float().train()
+    images = torch.randn(2, 3, 32, 32)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    results = []
+    for m in (model, compiled):
+        model.zero_grad()
+        out = m(images)
+        out.square().sum().backward()
+        results.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+    (eager, eager_grads), (comp, comp_grads) = results
+    torch.testing.assert_close(comp, eager)
+    for got, want in zip(comp_grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    relay = model.blocks[0].attn.relay
+    assert relay is None or (relay.first, relay.previous) == (None, None)
+    torch.testing.assert_close(compiled(images), model(images))  # a second call: the same graph, nothing stale
+
+
+@pytest.mark.filterwarnings("ignore:`torch\\.jit\\.script` is deprecated")
+def test_scripting_a_module_that_takes_values_from_earlier_blocks_names_what_runs_it():
+    attn = EllipticalAttention(DIM, HEADS)
+    install_relay([attn])
+    with pytest.raises(torch.jit.Error, match="which a TorchScript model cannot hold"):
+        torch.jit.script(attn)(torch.randn(1, N, DIM))
+    with pytest.raises(OptionError, match="does not apply to kind 'elliptical'"):
+        AttentionSpec(kind="elliptical", lambd=0.6)
