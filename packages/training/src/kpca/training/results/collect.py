@@ -17,12 +17,13 @@ import csv
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import yaml
 
+from kpca.attention import AttentionSpec
 from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.trained_options import OptionDifference
 from kpca.training.results.protocol import EvaluationProtocol, read_not_as_trained
@@ -163,14 +164,33 @@ def find_attention(config: object) -> dict:
 
 
 def model_label(attention: Mapping) -> str:
-    """A short name of a model from its attention settings, e.g. ``rpc n_iter=4 lambd=4.0 layers=[0]``."""
+    """A short name of a model from its attention settings, e.g. ``rpc n_iter=4 lambd=4.0 layers=[0]``.
+
+    A setting the saved config leaves null (``lambd`` of ``rpc`` or ``neutreno``) is named with the value the kind
+    gives it (:class:`kpca.attention.AttentionSpec`).
+    """
     kind = attention.get("kind", "?")
     parts = [str(kind)]
     if kind == "rpc":
-        parts += [f"n_iter={attention.get('n_iter')}", f"lambd={attention.get('lambd')}"]
+        parts += [f"n_iter={attention.get('n_iter')}", f"lambd={_setting(attention, 'lambd')}"]
+    elif kind == "neutreno":
+        parts.append(f"lambd={_setting(attention, 'lambd')}")
     if attention.get("layers", "all") != "all":
         parts.append(f"layers={attention.get('layers')}")
     return " ".join(parts)
+
+
+def _setting(attention: Mapping, name: str) -> object:
+    """``attention[name]``, or when it is null the value its kind resolves it to (None when the spec is invalid)."""
+    value = attention.get(name)
+    if value is not None:
+        return value
+    spec_fields = {field.name for field in fields(AttentionSpec)}
+    try:
+        spec = AttentionSpec(**{key: value for key, value in attention.items() if key in spec_fields})
+    except (TypeError, ValueError):
+        return None
+    return getattr(spec, name)
 
 
 def _checkpoint_run(ckpt_path: object, training: Mapping[Path, Run]) -> Run | None:
