@@ -7,7 +7,13 @@ from types import ModuleType
 import pytest
 import torch
 
+from kpca.attention import elliptical_attention, neutreno_attention, twicing_attention
 from kpca.attention._backend import interpreter_enabled
+from kpca.attention.reference import (
+    elliptical_attention_reference,
+    neutreno_attention_reference,
+    twicing_attention_reference,
+)
 
 REQUIRE_TRITON_ENV = "KPCA_REQUIRE_TRITON"
 
@@ -68,3 +74,18 @@ TRITON_DEVICES = [
     pytest.param("cuda", marks=pytest.mark.gpu),
 ]
 """Where the Triton kernels are tested: CPU in Triton's interpreter, and CUDA (``gpu``) compiled."""
+
+
+NEUTRENO_LAMBD = 0.6  # NeuTRENO's vision setting
+ROBUST_FUNCTIONS = {
+    "twicing": lambda q, k, v, w, **kw: twicing_attention(q, k, v, **kw),
+    "neutreno": lambda q, k, v, w, **kw: neutreno_attention(q, k, v, w, lambd=NEUTRENO_LAMBD, **kw),
+    "elliptical": lambda q, k, v, w, **kw: elliptical_attention(q, k, v, w, **kw),
+}
+"""Each robust kind as ``fn(q, k, v, w, **masks)``; w is NeuTRENO's v_first, Elliptical's v_prev, unused by Twicing."""
+ROBUST_REFERENCES = {
+    "twicing": lambda q, k, v, w, **kw: twicing_attention_reference(q, k, v, **kw),
+    "neutreno": lambda q, k, v, w, **kw: neutreno_attention_reference(q, k, v, w, lambd=NEUTRENO_LAMBD, **kw),
+    "elliptical": lambda q, k, v, w, **kw: elliptical_attention_reference(q, k, v, w, **kw),
+}
+"""The float64 references of :data:`ROBUST_FUNCTIONS`, called the same way."""

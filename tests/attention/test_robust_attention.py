@@ -18,31 +18,17 @@ from kpca.attention import (
 from kpca.attention.errors import OptionError
 from kpca.attention.reference import (
     attention_map,
-    elliptical_attention_reference,
     elliptical_scale_reference,
-    neutreno_attention_reference,
-    twicing_attention_reference,
 )
+from tests.attention.helpers import NEUTRENO_LAMBD, ROBUST_FUNCTIONS, ROBUST_REFERENCES
 
 from .helpers import outputs_and_grads
 
 SHAPE = (2, 3, 7, 4)  # (B, H, N, D)
-LAMBD = 0.6  # NeuTRENO's vision setting
 FLOAT32_BUDGET = 1e-4
 """Largest relative error (norm-wise, per tensor) of a float32 loss or gradient against float64, as for RPC."""
 
-FAST = {
-    "twicing": lambda q, k, v, w, **kw: twicing_attention(q, k, v, **kw),
-    "neutreno": lambda q, k, v, w, **kw: neutreno_attention(q, k, v, w, lambd=LAMBD, **kw),
-    "elliptical": lambda q, k, v, w, **kw: elliptical_attention(q, k, v, w, **kw),
-}
-"""Each kind as ``fn(q, k, v, w, **masks)``; w is NeuTRENO's v_first, Elliptical's v_prev, unused by Twicing."""
-
-REFERENCE = {
-    "twicing": lambda q, k, v, w, **kw: twicing_attention_reference(q, k, v, **kw),
-    "neutreno": lambda q, k, v, w, **kw: neutreno_attention_reference(q, k, v, w, lambd=LAMBD, **kw),
-    "elliptical": lambda q, k, v, w, **kw: elliptical_attention_reference(q, k, v, w, **kw),
-}
+FAST, REFERENCE = ROBUST_FUNCTIONS, ROBUST_REFERENCES
 KINDS = list(FAST)
 
 
@@ -125,8 +111,8 @@ def test_neutreno_with_lambda_zero_is_softmax_attention(is_causal):
 
 def test_neutreno_gradient_reaches_v_first():
     q, k, v, v_first = make_inputs()
-    (grad,) = torch.autograd.grad(neutreno_attention(q, k, v, v_first, lambd=LAMBD).sum(), v_first)
-    torch.testing.assert_close(grad, torch.full_like(v_first, LAMBD))  # d/dv_first of lambd * (v_first - v)
+    (grad,) = torch.autograd.grad(neutreno_attention(q, k, v, v_first, lambd=NEUTRENO_LAMBD).sum(), v_first)
+    torch.testing.assert_close(grad, torch.full_like(v_first, NEUTRENO_LAMBD))  # d/dv_first of lambd * (v_first - v)
 
 
 @pytest.mark.parametrize("lambd", [-0.1, float("nan"), True])

@@ -21,30 +21,15 @@ from kpca.attention import (
     install_relay,
     neutreno_attention,
     softmax_attention,
-    twicing_attention,
 )
 from kpca.attention.errors import OptionError
-from kpca.attention.reference import (
-    elliptical_attention_reference,
-    neutreno_attention_reference,
-    twicing_attention_reference,
-)
 from kpca.attention.vit import create_vit
+from tests.attention.helpers import NEUTRENO_LAMBD, ROBUST_FUNCTIONS, ROBUST_REFERENCES
 
 DIM, HEADS, N = 24, 3, 7
-LAMBD = 0.6
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 3, "num_heads": 2, "num_classes": 5}
 KINDS = ("twicing", "neutreno", "elliptical")
-FUNCTION = {
-    "twicing": lambda q, k, v, w, **kw: twicing_attention(q, k, v, **kw),
-    "neutreno": lambda q, k, v, w, **kw: neutreno_attention(q, k, v, w, lambd=LAMBD, **kw),
-    "elliptical": lambda q, k, v, w, **kw: elliptical_attention(q, k, v, w, **kw),
-}
-REFERENCE = {
-    "twicing": lambda q, k, v, w, **kw: twicing_attention_reference(q, k, v, **kw),
-    "neutreno": lambda q, k, v, w, **kw: neutreno_attention_reference(q, k, v, w, lambd=LAMBD, **kw),
-    "elliptical": lambda q, k, v, w, **kw: elliptical_attention_reference(q, k, v, w, **kw),
-}
+FUNCTION, REFERENCE = ROBUST_FUNCTIONS, ROBUST_REFERENCES
 
 
 def heads(attn: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
@@ -62,7 +47,7 @@ def merged(attn: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
 def pair(kind: str, is_causal: bool = False) -> tuple[torch.nn.Module, torch.nn.Module]:
     """Block 0 (softmax) and block 1 (``kind``) attention in float64, sharing one relay."""
     first = SoftmaxAttention(DIM, HEADS, qkv_bias=True, is_causal=is_causal).double()
-    second = AttentionSpec(kind=kind, lambd=LAMBD if kind == "neutreno" else None).build(
+    second = AttentionSpec(kind=kind, lambd=NEUTRENO_LAMBD if kind == "neutreno" else None).build(
         DIM, HEADS, qkv_bias=True, is_causal=is_causal
     )
     install_relay([first, second.double()])
@@ -147,7 +132,7 @@ def hand_run(model: torch.nn.Module, images: torch.Tensor, kind: str) -> torch.T
         elif kind == "elliptical":
             out = elliptical_attention(q, k, v, values[-1])
         else:
-            out = neutreno_attention(q, k, v, values[0], lambd=LAMBD)
+            out = neutreno_attention(q, k, v, values[0], lambd=NEUTRENO_LAMBD)
         values.append(v)
         x = x + block.ls1(merged(block.attn, out))
         x = x + block.ls2(block.mlp(block.norm2(x)))
