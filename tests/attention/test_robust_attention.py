@@ -20,9 +20,8 @@ from kpca.attention.reference import (
     attention_map,
     elliptical_scale_reference,
 )
-from tests.attention.helpers import NEUTRENO_LAMBD, ROBUST_FUNCTIONS, ROBUST_REFERENCES
 
-from .helpers import outputs_and_grads
+from .helpers import NEUTRENO_LAMBD, ROBUST_FUNCTIONS, ROBUST_REFERENCES, outputs_and_grads
 
 SHAPE = (2, 3, 7, 4)  # (B, H, N, D)
 FLOAT32_BUDGET = 1e-4

@@ -24,7 +24,8 @@ from kpca.attention import (
 )
 from kpca.attention.errors import OptionError
 from kpca.attention.vit import create_vit
-from tests.attention.helpers import NEUTRENO_LAMBD, ROBUST_FUNCTIONS, ROBUST_REFERENCES
+
+from .helpers import NEUTRENO_LAMBD, ROBUST_FUNCTIONS, ROBUST_REFERENCES
 
 DIM, HEADS, N = 24, 3, 7
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 3, "num_heads": 2, "num_classes": 5}
