@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install demo demo-lm demo-seg smoke smoke-lm smoke-seg test test-fast test-slow test-compat test-gpu bench lint tensorboard docker local-slurm clean
+.PHONY: install demo demo-lm demo-seg demo-family smoke smoke-lm smoke-seg test test-fast test-slow test-compat test-gpu bench lint tensorboard docker local-slurm clean
 
 $(STAMP): requirements/constraints.txt requirements/dev.txt $(wildcard packages/*/pyproject.toml apps/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ demo-lm: $(STAMP)  ## symmetric vs RPC language models on the built-in corpus, c
 demo-seg: $(STAMP)  ## symmetric vs RPC Segmenter on the built-in synthetic ADE20K, clean and corrupted mIoU
 	$(VENV)/bin/kpca-experiment run configs/experiments/demo_seg.yaml
 	cat runs/demo-seg/report.md
+
+demo-family: $(STAMP)  ## the robust family (softmax, SymViT, RPC, Elliptical, Twicing, NeuTRENO) on the built-in digits, seed 0
+	$(VENV)/bin/kpca-experiment run configs/experiments/demo_family.yaml
+	cat runs/demo-family/report.md
 
 smoke: $(STAMP)  ## the smallest end-to-end fit of the vision app
 	$(PY) -m kpca.vision_cls fit -c configs/trainer/cpu.yaml -c configs/vision_cls/smoke.yaml --trainer.fast_dev_run=2
