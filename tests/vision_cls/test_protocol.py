@@ -17,7 +17,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from kpca.training.results.compare import main as kpca_report
 from kpca.vision_cls.cli import main
-from kpca.vision_cls.evaluation import ON_THE_FLY_CORRUPTIONS, ROBUSTNESS_REPORT
+from kpca.vision_cls.evaluation import ELLIPTICAL_ATTACKED_AS_TRAINED, ON_THE_FLY_CORRUPTIONS, ROBUSTNESS_REPORT
 from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, printed_config, run_cli, smoke_options
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
@@ -53,11 +53,26 @@ def test_the_one_command_published_evaluation_is_published_in_every_group_but_th
     )
     protocols = texts(config)
     assert protocols.pop("corrupted") == f"ours: {ON_THE_FLY_CORRUPTIONS}"  # never the benchmark
+    attacked = f"ours: {ELLIPTICAL_ATTACKED_AS_TRAINED}" if "_elliptical_" in experiment.stem else "published"
     assert protocols == {
-        group: "published"
-        for group in ("clean", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o")
-        + tuple(f"attack/{tag}" for tag in PUBLISHED_ATTACKS)
+        **{group: "published" for group in ("clean", "imagenet_c", "imagenet_a", "imagenet_r", "imagenet_o")},
+        **{f"attack/{tag}": attacked for tag in PUBLISHED_ATTACKS},
     }
+
+
+@pytest.mark.parametrize("kind", ["elliptical", "twicing", "neutreno"])
+def test_only_elliptical_attacks_name_the_estimator_they_see(kind, capsys):
+    experiment = CONFIGS / "vision_cls" / f"deit-tiny_{kind}_8xb128-300e_imagenet-224.yaml"
+    config = printed_config(
+        capsys, main, "vision-cls", "-c", GPU, "-c", experiment, "-c", ATTACKS / "pixel.yaml", "--trainer.precision=32"
+    )
+    pixel = "ours: space=pixel (published: reference); labels=ground_truth (published: predicted)"
+    protocols = texts(config)
+    assert protocols["clean"] == "published"  # the estimator is no difference where nothing is attacked
+    for tag in ("fgsm-pixel", "pgd-pixel"):
+        expected = f"{pixel}; {ELLIPTICAL_ATTACKED_AS_TRAINED}" if kind == "elliptical" else pixel
+        assert protocols[f"attack/{tag}"] == expected
+    assert ("mean estimator" in protocols["attack/spsa-pixel"]) == (kind == "elliptical")
 
 
 def test_the_defaults_name_each_difference_from_the_authors_protocol(capsys):

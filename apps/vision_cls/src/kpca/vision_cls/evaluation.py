@@ -91,11 +91,26 @@ PUBLISHED_ATTACK_STEPS = {"pgd": 20, "spsa": 10}
 """The authors' iterations (KPCA Attack/engine.py:96, 104); FGSM takes one step."""
 
 
-def attack_protocol(index: int, attack: Mapping) -> ProtocolRule:
+ELLIPTICAL_ATTACKED_AS_TRAINED = (
+    "Elliptical attacked as it trains: the mean estimator, no gradient through its scale m (the authors' attack "
+    "scripts use a median over tokens, Elliptical-Attention ImageAttack/models.py 205-206, and also hold m constant)"
+)
+"""Which Elliptical the attacks see (docs/protocols.md, "The robust family"): a difference from the Elliptical paper's
+attacks that no setting removes, in every attack group of a model with ``attention.kind: elliptical``."""
+
+
+def attacked_model_differences(config: Mapping) -> tuple[str, ...]:
+    """The fixed differences of every attack group that the attacked model's attention brings (a saved config)."""
+    kind = config_entry(config, "model.net.attention.kind")
+    return (ELLIPTICAL_ATTACKED_AS_TRAINED,) if kind == "elliptical" else ()
+
+
+def attack_protocol(index: int, attack: Mapping, fixed: tuple[str, ...] = ()) -> ProtocolRule:
     """The protocol rule of the ``index``-th attack of ``model.evaluator.attacks`` (a saved config's entry).
 
     Its group is ``attack/<tag>`` (the attack's result name); the authors attack the normalised tensor with their
     model's clean prediction as label, on every image, with cleverhans' SPSA gradient (attacks/published.yaml).
+    ``fixed``: differences no setting removes (:func:`attacked_model_differences`).
     """
     spec = AttackSpec(**attack)
     key = f"model.evaluator.attacks.{index}"
@@ -112,6 +127,7 @@ def attack_protocol(index: int, attack: Mapping) -> ProtocolRule:
         f"attack/{spec.tag}",
         rf"attack/{re.escape(spec.tag)}/eps[^/]+/acc1",
         (*settings, *EVAL_TRANSFORM, FP16_AUTOCAST_CLASSIFICATION),
+        fixed=fixed,
     )
 
 
@@ -120,7 +136,7 @@ def robustness_protocols(config: Mapping) -> tuple[ProtocolRule, ...]:
 
     Groups: ``clean``, ``imagenet_c`` (published only when all 15 x 5 sets ran: ``imagenet_c/mCE`` is reported),
     ``corrupted`` (never published: a proxy of ImageNet-C), ``imagenet_a`` / ``_r`` / ``_o`` (fp32) and one
-    ``attack/<tag>`` per configured attack.
+    ``attack/<tag>`` per configured attack (an Elliptical model's with :data:`ELLIPTICAL_ATTACKED_AS_TRAINED`).
     """
     attacks = config_entry(config, "model.evaluator.attacks")
     return (
@@ -143,7 +159,10 @@ def robustness_protocols(config: Mapping) -> tuple[ProtocolRule, ...]:
             ProtocolRule(kind, rf"{kind}/(acc1|aupr)", (*EVAL_TRANSFORM, FP32_CLASSIFICATION))
             for kind in choices(VariantName)
         ),
-        *(attack_protocol(i, attack) for i, attack in enumerate(attacks if isinstance(attacks, list) else [])),
+        *(
+            attack_protocol(i, attack, attacked_model_differences(config))
+            for i, attack in enumerate(attacks if isinstance(attacks, list) else [])
+        ),
     )
 
 
