@@ -1,8 +1,14 @@
-"""Forward + backward time and peak memory of softmax (SDPA), RPC and reference RPC attention.
+"""Forward + backward time and peak memory of softmax (SDPA), RPC, reference RPC and the robust family.
 
 Each case (method, shape) runs in a fresh Python process so that one case's peak memory cannot
 pollute another's. Inputs are (B, H, N, D), D = 64; the loss is ``out.sum()``, backpropagated
 into the leaf tensors (q, k, v for SDPA; k, v for RPC and the reference). RPC uses n_iter = 2.
+The robust family (issue 37) beside them, each a ratio to softmax and to symmetric attention: ``symmetric``
+(SDPA with q = k; leaves k, v), ``twicing`` (two SDPA calls; q, k, v), ``neutreno`` (SDPA plus
+lambd (v_first - v), lambd 0.6; q, k, v and v_first, which gets gradients as the first block's values do) and
+``elliptical`` (SDPA on q * m, m from |v - v_prev| without gradient; q, k, v and a v_prev that needs none).
+On CPU they run at every shape; on CUDA at the DeiT-tiny shape 256x3x197 only (the step's time limit in
+``make test-gpu``).
 
 Run from the repository root::
 
@@ -46,13 +52,22 @@ from collections.abc import Callable, Iterator
 import torch
 from harness import Check, check, publish, render_targets, spawn_case, work
 
-from kpca.attention import rpc_attention, softmax_attention
+from kpca.attention import (
+    elliptical_attention,
+    neutreno_attention,
+    rpc_attention,
+    softmax_attention,
+    twicing_attention,
+)
 from kpca.attention.reference import rpc_attention_reference
 
 LAMBD = 4.0
 DEFAULT_DTYPES = {"cuda": "bfloat16", "cpu": "float32"}  # --dtype when not given
 SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # as the report's header names them
 N_ITER = 2
+NEUTRENO_LAMBD = 0.6  # the papers' vision setting
+FAMILY = ("symmetric", "twicing", "neutreno", "elliptical")  # the ratios to sdpa and to symmetric, side by side
+FAMILY_CUDA_SHAPES = [(256, 3, 197)]  # DeiT-tiny at batch 256: the family's CUDA cases fit the proof's time limit
 HEAD_DIM = 64
 TIMING_BUDGET_S = 2.0  # timed repeats per case: as many as fit in this budget, between 1 and MAX_REPEATS
 MAX_REPEATS = 10
@@ -80,17 +95,22 @@ def make_step(case: dict):
     """Build the case's leaf inputs and return a closure running one forward + backward."""
     device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
     shape = (*case["shape"], HEAD_DIM)  # (B, H, N, D)
-    n_leaves = 3 if case["method"] == "sdpa" else 2  # q, k, v or k, v
+    n_leaves = {"sdpa": 3, "twicing": 3, "neutreno": 4, "elliptical": 3}.get(case["method"], 2)  # q, k, v (v_first)
     leaves = [torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(n_leaves)]
+    inputs = [*leaves, torch.randn(shape, device=device, dtype=dtype)] if case["method"] == "elliptical" else leaves
     attend = {
         "sdpa": lambda q, k, v: softmax_attention(q, k, v),
+        "symmetric": lambda k, v: softmax_attention(k, k, v),
+        "twicing": lambda q, k, v: twicing_attention(q, k, v),
+        "neutreno": lambda q, k, v, v_first: neutreno_attention(q, k, v, v_first, lambd=NEUTRENO_LAMBD),
+        "elliptical": lambda q, k, v, v_prev: elliptical_attention(q, k, v, v_prev),
         "rpc": lambda k, v: rpc_attention(k, v, n_iter=N_ITER, lambd=LAMBD),
         "rpc_torch": lambda k, v: rpc_attention(k, v, n_iter=N_ITER, lambd=LAMBD, backend="torch"),
         "reference": lambda k, v: rpc_attention_reference(k, v, n_iter=N_ITER, lambd=LAMBD),
     }[case["method"]]
 
     def step() -> None:
-        attend(*leaves).sum().backward()
+        attend(*inputs).sum().backward()
         for leaf in leaves:  # drop the gradients so that every pass allocates them afresh
             leaf.grad = None
 
@@ -259,8 +279,18 @@ def render_bandwidth(bandwidth: dict) -> str:
 
 
 def methods_for(device: str) -> tuple[str, ...]:
-    """The methods compared on a device."""
-    return ("sdpa", "rpc", "rpc_torch") if device == "cuda" else ("sdpa", "rpc", "reference")
+    """The methods compared on a device, in the report's order."""
+    return ("sdpa", "rpc", "rpc_torch", *FAMILY) if device == "cuda" else ("sdpa", "rpc", "reference", *FAMILY)
+
+
+def cases_for(device: str, shapes: list) -> list[tuple[str, tuple]]:
+    """(method, shape) of every case on a device: the family on CUDA at FAMILY_CUDA_SHAPES only."""
+    return [
+        (method, tuple(shape))
+        for shape in shapes
+        for method in methods_for(device)
+        if method not in FAMILY or device != "cuda" or tuple(shape) in FAMILY_CUDA_SHAPES
+    ]
 
 
 def target_checks(results: dict, device: str) -> list[Check]:
@@ -292,16 +322,20 @@ def render(results: dict, checks: list, device: str, dtype: str) -> str:
     lines = [
         f"{name}, {SHORT_DTYPES[dtype]}, D={HEAD_DIM}, n_iter={N_ITER}, lambd={LAMBD}, torch {torch.__version__}",
         "",
-        "| B x H x N | method | time (ms) | tensor peak (MB) | RSS growth (MB) | time / sdpa | mem / sdpa |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| B x H x N | method | time (ms) | tensor peak (MB) | RSS growth (MB) | time / sdpa | mem / sdpa "
+        "| time / symmetric | mem / symmetric |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = methods_for(device)
     for (method, shape), r in sorted(results.items(), key=lambda item: (item[0][1], order.index(item[0][0]))):
-        base = results[("sdpa", shape)]
+        base, sym = results[("sdpa", shape)], results.get(("symmetric", shape))
         rss = f"{r['rss_mb']:.1f}" if "rss_mb" in r else "-"
+        to_sym = (
+            f"{r['time_ms'] / sym['time_ms']:.2f} | {r['mem_mb'] / max(sym['mem_mb'], 1e-9):.2f}" if sym else "- | -"
+        )
         lines.append(
             f"| {'x'.join(map(str, shape))} | {method} | {r['time_ms']:.1f} | {r['mem_mb']:.1f} | {rss} "
-            f"| {r['time_ms'] / base['time_ms']:.2f} | {r['mem_mb'] / max(base['mem_mb'], 1e-9):.2f} |"
+            f"| {r['time_ms'] / base['time_ms']:.2f} | {r['mem_mb'] / max(base['mem_mb'], 1e-9):.2f} | {to_sym} |"
         )
     lines += render_targets(checks, digits=2)
     return "\n".join(lines) + "\n"
@@ -332,10 +366,9 @@ def main() -> int:
     dtype = args.dtype or DEFAULT_DTYPES[args.device]
     shapes = CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES[:2] if args.quick else CPU_SHAPES
     results = {}
-    for shape in shapes:
-        for method in methods_for(args.device):
-            case = {"kind": "time", "method": method, "shape": shape, "device": args.device, "dtype": dtype}
-            results[method, tuple(shape)] = spawn_case(__file__, case)
+    for method, shape in cases_for(args.device, shapes):
+        case = {"kind": "time", "method": method, "shape": shape, "device": args.device, "dtype": dtype}
+        results[method, shape] = spawn_case(__file__, case)
     checks = target_checks(results, args.device)
     bandwidth = None
     if args.device == "cuda":
