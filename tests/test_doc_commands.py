@@ -99,8 +99,8 @@ def test_placeholders_and_synopses_become_argument_lists():
         ["run", "PLAN", "--executor", "slurm", "--override=--k=v"],
     ]
     assert plain_argument_lists(["validate", "configs/experiments/demo_*.yaml"]) == [
-        ["validate", "configs/experiments/demo_lm.yaml", "configs/experiments/demo_seg.yaml",
-         "configs/experiments/demo_vision.yaml"]
+        ["validate", "configs/experiments/demo_family.yaml", "configs/experiments/demo_lm.yaml",
+         "configs/experiments/demo_seg.yaml", "configs/experiments/demo_vision.yaml"]
     ]  # fmt: skip
 
 
