@@ -123,7 +123,10 @@ def test_the_report_runs_after_a_failed_fit(
 ):
     monkeypatch.chdir(tmp_path)
     overrides = [f"--data.cache_dir={digits_cache}", "--trainer.enable_progress_bar=false", *TINY_FIT]
-    path = write_plan(tmp_path, "broken", {"good": [], "bad": ["--model.net.init_args.depth=not-a-number"]}, overrides)
+    # a data root that is not there: the plan is valid (a plan with a bad option is refused before submitting), the
+    # fit fails when it looks
+    missing = ["--data.builtin=null", f"--data.root={tmp_path / 'no_imagenet'}"]
+    path = write_plan(tmp_path, "broken", {"good": [], "bad": missing}, overrides)
     plan = load_plan(path)
     good, bad = plan.runs
     jobs = {}
