@@ -106,3 +106,11 @@ def check_pap_args(n_iter: int, lambd: float, convention: str, embed_dim: int | 
             raise OptionError(
                 f"embed_dim={embed_dim} only applies to convention='reference'; convention='pcp' uses the head dim D"
             )
+
+
+def check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b: int, h: int, n: int) -> None:
+    """The options every attention function takes beside its tensors: masks of (B, H, N), dropout and scale."""
+    check_attn_mask(attn_mask, b, h, n)
+    check_key_padding_mask(key_padding_mask, b, n)
+    check_dropout(dropout_p)
+    check_scale(scale)

@@ -70,7 +70,7 @@ def softmax_attention(
         (B, H, N, D) attention output in the dtype of v.
     """
     b, h, n, _ = _checks.check_qkv(q=q, k=k, v=v)
-    _check_common(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
+    _checks.check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     resolve_backend(backend, q)  # one SDPA call on every backend; an explicit "triton" still checks the inputs
     return masked_sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, scale)
 
@@ -134,7 +134,7 @@ def rpc_attention(
         (B, H, N, D) output in the dtype of v, and the :class:`RPCState` if ``return_state``.
     """
     b, h, n, d = _checks.check_qkv(k=k, v=v)
-    _check_common(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
+    _checks.check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     _checks.check_pap_args(n_iter, lambd, convention, embed_dim)
     width = d if convention == "pcp" else (embed_dim or h * d)
     mask, causal = combine_masks(attn_mask, key_padding_mask, is_causal, n, k.device)
@@ -173,13 +173,6 @@ def rpc_attention(
         return l, _final_state(k, l, s, z, kt, mu, diagnostics)
 
     return run_on_backend(backend, k, pursue)
-
-
-def _check_common(attn_mask, key_padding_mask, dropout_p, scale, b: int, h: int, n: int) -> None:
-    _checks.check_attn_mask(attn_mask, b, h, n)
-    _checks.check_key_padding_mask(key_padding_mask, b, n)
-    _checks.check_dropout(dropout_p)
-    _checks.check_scale(scale)
 
 
 @torch.no_grad()

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from kpca.attention import _checks
 from kpca.attention._masks import combine_masks, masked_sdpa
 from kpca.attention.errors import OptionError
-from kpca.attention.functional import _check_common
 
 
 def twicing_attention(
@@ -55,7 +54,7 @@ def twicing_attention(
         (B, H, N, D) output in the dtype of v.
     """
     b, h, n, _ = _checks.check_qkv(q=q, k=k, v=v)
-    _check_common(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
+    _checks.check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     if dropout_p != 0.0:
         raise OptionError(
             f"twicing_attention takes no attention dropout, got dropout_p={dropout_p!r}: its two SDPA calls would "
@@ -100,7 +99,7 @@ def neutreno_attention(
         (B, H, N, D) output in the dtype of v.
     """
     b, h, n, _ = _checks.check_qkv(q=q, k=k, v=v, v_first=v_first)
-    _check_common(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
+    _checks.check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     _check_lambd(lambd)
     out = masked_sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, scale)  # (B, H, N, D)
     return out + lambd * (v_first - v)
@@ -184,7 +183,7 @@ def elliptical_attention(
         (B, H, N, D) output in the dtype of v.
     """
     b, h, n, _ = _checks.check_qkv(q=q, k=k, v=v, v_prev=v_prev)
-    _check_common(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
+    _checks.check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     m = elliptical_scale(v, v_prev, is_causal=is_causal, key_padding_mask=key_padding_mask)  # (B, H, 1 | N, D)
     return masked_sdpa(q * m, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, scale)
 
