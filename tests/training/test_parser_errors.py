@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kpca.attention.spec import kinds
 from kpca.training.parser import (
     COMMAND_LINE,
     MAX_DETAIL_LINES,
@@ -26,7 +27,7 @@ from kpca.training.parser import (
 from tests.cli_support import CONFIGS, CPU
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
-KINDS = "'softmax', 'symmetric', 'rpc', 'scaled_s', 'scaled_alpha'"
+KINDS = ", ".join(repr(kind) for kind in kinds())  # the registered attention kinds, as the parser lists them
 BAD_KIND = f"error: model.net.init_args.attention.kind: 'rcp' is not one of {KINDS}"
 
 
