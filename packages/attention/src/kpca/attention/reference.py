@@ -95,6 +95,11 @@ def _slice_mask(attn_mask: torch.Tensor | None, shape: tuple[int, int, int, int]
     return attn_mask.expand(shape)[b, h][rows][:, rows]
 
 
+def _valid_rows(key_padding_mask: torch.Tensor | None, b: int, n: int) -> torch.Tensor:
+    """Indices of the non-padded rows of sample b: (N',)."""
+    return torch.arange(n) if key_padding_mask is None else (~key_padding_mask[b].cpu()).nonzero()[:, 0]
+
+
 def rpc_attention_reference(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -116,7 +121,7 @@ def rpc_attention_reference(
     width = d if convention == "pcp" else (embed_dim or h_size * d)
     out = torch.zeros_like(v)
     for b in range(b_size):
-        rows = torch.arange(n) if key_padding_mask is None else (~key_padding_mask[b].cpu()).nonzero()[:, 0]
+        rows = _valid_rows(key_padding_mask, b, n)
         for h in range(h_size):
             L, _, _ = pap_single(  # noqa: N806
                 k[b, h, rows],
@@ -148,17 +153,12 @@ def softmax_attention_reference(
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     out = torch.zeros_like(v)
     for b in range(b_size):
-        rows = torch.arange(n) if key_padding_mask is None else (~key_padding_mask[b].cpu()).nonzero()[:, 0]
+        rows = _valid_rows(key_padding_mask, b, n)
         for h in range(h_size):
             mask = _slice_mask(attn_mask, (b_size, h_size, n, n), b, h, rows)
             a = attention_map(q[b, h, rows], k[b, h, rows], scale, is_causal, mask)  # (N', N')
             out = out.index_put((torch.tensor(b), torch.tensor(h), rows), a @ v[b, h, rows])
     return out
-
-
-def _valid_rows(key_padding_mask: torch.Tensor | None, b: int, n: int) -> torch.Tensor:
-    """Indices of the non-padded rows of sample b: (N',)."""
-    return torch.arange(n) if key_padding_mask is None else (~key_padding_mask[b].cpu()).nonzero()[:, 0]
 
 
 def twicing_attention_reference(
