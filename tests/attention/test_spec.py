@@ -52,23 +52,58 @@ def test_every_kind_builds_its_module():
 
 
 def test_each_kind_has_its_settings_and_refuses_the_others():
-    assert AttentionSpec(kind="neutreno").lambd == 0.6  # the papers' vision setting
-    assert AttentionSpec(kind="neutreno", lambd=0.4).build(24, 3).lambd == 0.4  # language
-    assert AttentionSpec(kind="neutreno", lambd=0.0).lambd == 0.0  # softmax attention
-    assert AttentionSpec(kind="twicing").lambd is None and AttentionSpec(kind="elliptical").lambd is None
-    for kind in ("softmax", "symmetric", "rpc", "scaled_alpha"):  # as before: PAP's settings, taken by every kind
-        assert (AttentionSpec(kind=kind).n_iter, AttentionSpec(kind=kind).lambd) == (4, 4.0)
-    assert AttentionSpec(kind="symmetric", n_iter=6, lambd=3.0).n_iter == 6  # an RPC config switched by kind alone
-    with pytest.raises(ValueError, match=r"AttentionSpec.lambd=0.6 does not apply to kind 'twicing' .*remove lambd"):
+    assert AttentionSpec(kind="neutreno").lambd is None  # what was chosen: nothing; the kind's default at build
+    assert AttentionSpec(kind="neutreno").resolved().lambd == 0.6  # the papers' vision setting
+    assert AttentionSpec(kind="neutreno").resolved("language").lambd == 0.4  # and their language setting
+    assert AttentionSpec(kind="neutreno").build(24, 3).lambd == 0.6
+    assert AttentionSpec(kind="neutreno").build(24, 3, task="language").lambd == 0.4
+    assert AttentionSpec(kind="neutreno", lambd=0.5).build(24, 3, task="language").lambd == 0.5  # chosen wins
+    assert AttentionSpec(kind="neutreno", lambd=0.0).resolved().lambd == 0.0  # softmax attention
+    rpc = AttentionSpec(kind="rpc", n_iter=2)
+    assert (rpc.n_iter, rpc.lambd, rpc.convention) == (2, None, None)  # never written back
+    assert (rpc.resolved().n_iter, rpc.resolved().lambd, rpc.resolved().convention) == (2, 4.0, "reference")
+    for kind in ("softmax", "symmetric", "scaled_alpha", "twicing", "elliptical"):  # they read no setting
+        assert AttentionSpec(kind=kind).resolved() == AttentionSpec(kind=kind)
+    with pytest.raises(ValueError, match=r"lambd=0.6: lambd does not apply to kind 'twicing' .*read by rpc, neutreno"):
         AttentionSpec(kind="twicing", lambd=0.6)
-    with pytest.raises(ValueError, match=r"n_iter=6 does not apply to kind 'neutreno' \(it reads lambd\)"):
+    with pytest.raises(ValueError, match=r"n_iter=6: n_iter does not apply to kind 'neutreno' \(it reads lambd;"):
         AttentionSpec(kind="neutreno", n_iter=6)
-    with pytest.raises(ValueError, match="convention='pcp' does not apply to kind 'elliptical'"):
+    with pytest.raises(ValueError, match=r"n_iter=6: n_iter does not apply to kind 'symmetric'.*leave n_iter unset"):
+        AttentionSpec(kind="symmetric", n_iter=6)
+    with pytest.raises(ValueError, match="convention='pcp': convention does not apply to kind 'elliptical'"):
         AttentionSpec(kind="elliptical", convention="pcp")
-    with pytest.raises(ValueError, match="num_tokens=5 does not apply to kind 'twicing'"):
+    with pytest.raises(ValueError, match="num_tokens=5: num_tokens does not apply to kind 'twicing'.*read by scaled_s"):
         AttentionSpec(kind="twicing", num_tokens=5)
     with pytest.raises(ValueError, match="lambd must be a finite float >= 0"):
         AttentionSpec(kind="neutreno", lambd=-0.1)
+    with pytest.raises(ValueError, match="n_iter must be >= 1"):
+        AttentionSpec(kind="rpc", n_iter=0)
+    with pytest.raises(ValueError, match="task must be one of .*'vision', 'language'.*got 'audio'"):
+        AttentionSpec(kind="neutreno").resolved("audio")
+
+
+def test_saved_attention_of_older_configs_upgrades():
+    """Configs and checkpoints saved when every kind held every setting load: unread former defaults are dropped."""
+    saved_twicing = {"kind": "twicing", "n_iter": 4, "lambd": None, "layers": "all", "convention": "reference"}
+    assert AttentionSpec(**spec_module.upgrade_saved_attention(saved_twicing)) == AttentionSpec(kind="twicing")
+    saved_softmax = {"kind": "softmax", "n_iter": 4, "lambd": 4.0, "convention": "reference", "num_tokens": None}
+    assert AttentionSpec(**spec_module.upgrade_saved_attention(saved_softmax)) == AttentionSpec()
+    saved_rpc = {"kind": "rpc", "n_iter": 2, "lambd": 4.0, "convention": "reference", "layers": [0]}
+    assert spec_module.upgrade_saved_attention(saved_rpc) == saved_rpc  # rpc reads them all: kept as saved
+    chosen = {"kind": "symmetric", "n_iter": 6}  # not a former default: a choice, refused by the spec by name
+    assert spec_module.upgrade_saved_attention(chosen) == chosen
+    with pytest.raises(ValueError, match="n_iter does not apply to kind 'symmetric'"):
+        AttentionSpec(**spec_module.upgrade_saved_attention(chosen))
+
+
+def test_register_refuses_task_settings_of_no_setting_or_task(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(spec_module, "_REGISTRY", dict(spec_module._REGISTRY))
+    build = spec_module.registered_kind("softmax").build
+    with pytest.raises(ValueError, match="task_settings for kind 'odd' must be keyed by a task"):
+        register_attention_kind("odd", task_settings={"language": {"lambd": 0.4}})(build)
+    with pytest.raises(ValueError, match="task_settings for kind 'odd' must be keyed by a task"):
+        register_attention_kind("odd", settings={"lambd": 1.0}, task_settings={"audio": {"lambd": 0.4}})(build)
+    assert "odd" not in kinds()
 
 
 @pytest.mark.parametrize("kind", ["neutreno", "elliptical"])

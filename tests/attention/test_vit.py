@@ -44,8 +44,8 @@ def test_a_registered_kind_names_and_builds_its_vits(monkeypatch: pytest.MonkeyP
     assert [b.attn.symmetric for b in vit.blocks] == [False, True]  # block 1: the registered others
     with pytest.raises(ValueError, match="vit_family='symvit' for kind 'twin' names the ViTs of kind 'symmetric'"):
         register_attention_kind("twin", vit_family="symvit")(_plain)
-    with pytest.raises(ValueError, match="n_iter must be >= 1"):
-        register_attention_kind("broken", vit_defaults={"n_iter": 0})(_plain)
+    with pytest.raises(ValueError, match="n_iter does not apply to kind 'broken'"):
+        register_attention_kind("broken", vit_defaults={"n_iter": 4})(_plain)
     assert "twin" not in spec_module.kinds() and "broken" not in spec_module.kinds()
     with pytest.raises(ValueError, match="AttentionSpec.kind must be one of .*, got 'other'"):
         model_name("deit_tiny", "other")

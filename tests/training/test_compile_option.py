@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from kpca.attention import AttentionSpec
+from kpca.attention.spec import registered_kind
 from kpca.training.module import CompileOptions, NetModule, compile_options
 
 WIDTH, HEADS, TOKENS = 32, 2, 16
@@ -29,12 +30,18 @@ class Module(NetModule):
         super().__init__(net, optimizer, compile)
 
 
+def _read_by(kind: str, settings: dict) -> dict:
+    """The ``settings`` that ``kind`` reads (a spec refuses the others)."""
+    return {name: value for name, value in settings.items() if name in registered_kind(kind).settings}
+
+
 class EveryKind(nn.Module):
     """One residual layer of each attention kind in a row, (B, N, C) -> (B, N, C)."""
 
     def __init__(self) -> None:
         super().__init__()
-        specs = [AttentionSpec(kind=kind, n_iter=3, lambd=0.3, num_tokens=TOKENS) for kind in KINDS]
+        settings = {"n_iter": 3, "lambd": 0.3, "num_tokens": TOKENS}
+        specs = [AttentionSpec(kind=kind, **_read_by(kind, settings)) for kind in KINDS]
         self.layers = nn.ModuleList(spec.build(WIDTH, HEADS, qkv_bias=True) for spec in specs)
         with torch.no_grad():  # S and alpha start at 0 (plain softmax): give the scaled kinds their extra term
             self.layers[3].s_matrix.normal_(std=0.1)

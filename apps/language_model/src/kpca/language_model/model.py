@@ -64,8 +64,8 @@ class DecoderBlock(nn.Module):
         self.norm_position = norm_position
         self.attn = attention.build(
             width, num_heads, qkv_bias=attention_bias, proj_bias=attention_bias, attn_drop=attention_dropout,
-            proj_drop=dropout, is_causal=True,
-        )  # (B, N, C) -> (B, N, C), strictly causal  # fmt: skip
+            proj_drop=dropout, is_causal=True, task="language",
+        )  # (B, N, C) -> (B, N, C), strictly causal; the kind's language defaults (NeuTRENO lambd 0.4)  # fmt: skip
         self.norm1 = nn.LayerNorm(width)
         self.ffn = FeedForward(width, ffn_dim, dropout, activation)
         self.norm2 = nn.LayerNorm(width)

@@ -70,6 +70,7 @@ PERPLEXITY_REPORT = ReportSchema(
     read=read_perplexity_report,
     columns=(r"valid/ppl", r"valid_wordswap/ppl", r"test/ppl", r"test_wordswap/ppl"),
     protocols=PERPLEXITY_PROTOCOLS,
+    attention_task="language",
 )
 """The ``language_model`` report task of ``kpca-report``: what :func:`write_perplexity_report` writes."""
 

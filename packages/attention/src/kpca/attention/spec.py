@@ -10,9 +10,9 @@ reads). ``AttentionSpec.kind``'s choices are that dict's keys
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from types import MappingProxyType
-from typing import Any, Literal
+from dataclasses import dataclass, fields, replace
+from types import MappingProxyType, SimpleNamespace
+from typing import Any, Literal, get_args
 
 from torch import nn
 
@@ -31,13 +31,22 @@ from kpca.attention.modules import (
 from kpca.attention.robust import _check_lambd
 
 Builder = Callable[..., nn.Module]
-"""``build(spec, dim, num_heads, **options)``: the module of a kind, for an :class:`AttentionSpec` and timm
-``Attention``'s keywords (``kpca.attention.modules.AttentionOptions``)."""
+"""``build(spec, dim, num_heads, **options)``: the module of a kind, for an :class:`AttentionSpec` whose settings are
+resolved (:meth:`AttentionSpec.resolved`: every setting the kind reads has a value) and timm ``Attention``'s keywords
+(``kpca.attention.modules.AttentionOptions``)."""
 
-PAP_LAMBD = 4.0
-"""``AttentionSpec.lambd`` of the kinds that take every setting when it is left None: PAP's sparsity weight."""
 KIND_SETTINGS = ("n_iter", "lambd", "convention", "num_tokens")
 """The ``AttentionSpec`` fields that only some kinds read (``kind``, ``layers`` and ``backend`` are every kind's)."""
+Task = Literal["vision", "language"]
+"""What a model does with its attention: a kind's default may depend on it (NeuTRENO's ``lambd``: 0.6 for images,
+0.4 for language). ``vision``: classification and segmentation; ``language``: the causal language model."""
+TASKS: tuple[str, ...] = get_args(Task)
+SAVED_DEFAULTS: Mapping[str, tuple[Any, ...]] = MappingProxyType(
+    {"n_iter": (4,), "lambd": (4.0,), "convention": ("reference",), "num_tokens": ()}
+)
+"""The values that configs and checkpoints saved before each kind owned its settings hold for the settings their kind
+does not read (the fields' former defaults, ``lambd`` PAP's resolved 4.0): :func:`upgrade_saved_attention` drops
+them, so those runs still load."""
 
 
 @dataclass(frozen=True)
@@ -51,9 +60,10 @@ class RegisteredKind:
             them as they are.
         vit_family: the timm name prefix of its ViTs (``rpc_symvit`` -> ``rpc_symvit_tiny_patch16_224``).
         vit_defaults: the ``AttentionSpec`` settings of its ViTs in timm's registry, besides ``kind``.
-        settings: the :data:`KIND_SETTINGS` it reads, each with its default for a field left None; the others must
-            stay at the field's default. None: it takes every setting (the kinds registered before the rule:
-            softmax, symmetric, rpc, the scaled kinds; a config switched between them by ``kind`` alone parses).
+        settings: the :data:`KIND_SETTINGS` it reads, each with its default (used where the spec leaves it None);
+            a spec of this kind refuses the others.
+        task_settings: the defaults that differ by :data:`Task` (``neutreno``: ``{"language": {"lambd": 0.4}}``).
+        check: checks the kind's resolved settings (raises ValueError naming the bad value), or None.
     """
 
     name: str
@@ -61,7 +71,15 @@ class RegisteredKind:
     others: str | None
     vit_family: str
     vit_defaults: Mapping[str, Any]
-    settings: Mapping[str, Any] | None = None
+    settings: Mapping[str, Any]
+    task_settings: Mapping[str, Mapping[str, Any]]
+    check: Callable[[AttentionSpec], None] | None = None
+
+    def defaults(self, task: str = "vision") -> dict[str, Any]:
+        """The default of each setting this kind reads, for ``task``."""
+        if task not in TASKS:
+            raise OptionError(f"task must be one of {TASKS}, got {task!r}")
+        return {**self.settings, **self.task_settings.get(task, {})}
 
     def vit_attention(self, **overrides: Any) -> AttentionSpec:
         """The attention of this kind's ViTs in timm's registry: its :attr:`vit_defaults`, then ``overrides``."""
@@ -77,6 +95,11 @@ def kinds() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def kinds_reading(setting: str) -> tuple[str, ...]:
+    """The registered kinds that read ``setting`` (one of :data:`KIND_SETTINGS`)."""
+    return tuple(name for name, entry in _REGISTRY.items() if setting in entry.settings)
+
+
 def register_attention_kind(
     name: str,
     *,
@@ -84,6 +107,8 @@ def register_attention_kind(
     vit_family: str | None = None,
     vit_defaults: Mapping[str, Any] | None = None,
     settings: Mapping[str, Any] | None = None,
+    task_settings: Mapping[str, Mapping[str, Any]] | None = None,
+    check: Callable[[AttentionSpec], None] | None = None,
 ) -> Callable[[Builder], Builder]:
     """Register an attention kind: decorate its :data:`Builder` with this.
 
@@ -99,14 +124,17 @@ def register_attention_kind(
         vit_defaults: the ``AttentionSpec`` settings of its ViTs in timm's registry, besides ``kind`` (``rpc``:
             ``{"n_iter": 4, "lambd": 4.0, "layers": [0]}``; None: AttentionSpec's defaults);
             ``timm.create_model(..., attention={...})`` overrides them.
-        settings: the ``AttentionSpec`` fields of :data:`KIND_SETTINGS` that the kind reads, each with its default
-            for a field left None (``neutreno``: ``{"lambd": 0.6}``); ``AttentionSpec`` refuses any other of them
-            set away from the field's default. None: the kind takes every setting unchecked, ``lambd`` None
-            meaning PAP's 4.0 (the kinds registered before this rule).
+        settings: the fields of :data:`KIND_SETTINGS` that the kind reads, each with its default (``neutreno``:
+            ``{"lambd": 0.6}``); None or ``{}``: it reads none. A spec of the kind refuses the others.
+        task_settings: defaults that differ by :data:`Task`, e.g. ``{"language": {"lambd": 0.4}}``; their names
+            must be in ``settings``.
+        check: called with each resolved spec of the kind (every setting it reads filled in); raises ValueError
+            naming a bad value.
 
     Raises:
-        ValueError: if ``name`` is no identifier or is registered already, ``others`` is not registered, or
-            ``vit_family`` is another kind's; ``AttentionSpec``'s own error if ``vit_defaults`` are no valid settings.
+        ValueError: if ``name`` is no identifier or is registered already, ``others`` is not registered,
+            ``vit_family`` is another kind's, or a setting is no kind setting; ``AttentionSpec``'s own error if
+            ``vit_defaults`` are no valid settings.
     """
 
     def register(build: Builder) -> Builder:
@@ -124,14 +152,32 @@ def register_attention_kind(
         owner = next((entry.name for entry in _REGISTRY.values() if entry.vit_family == family), None)
         if owner is not None:
             raise OptionError(f"vit_family={family!r} for kind {name!r} names the ViTs of kind {owner!r}; pick another")
-        unknown = sorted(set(settings or {}) - set(KIND_SETTINGS))
+        read = dict(settings or {})
+        unknown = sorted(set(read) - set(KIND_SETTINGS))
         if unknown:
             raise OptionError(f"settings {unknown} for kind {name!r} are no kind settings; choose from {KIND_SETTINGS}")
-        read = None if settings is None else MappingProxyType(dict(settings))
-        entry = RegisteredKind(name, build, others, family, MappingProxyType(dict(vit_defaults or {})), read)
+        by_task = {task: MappingProxyType(dict(values)) for task, values in (task_settings or {}).items()}
+        stray = sorted({f"{task}.{key}" for task, values in by_task.items() for key in values if key not in read})
+        if set(by_task) - set(TASKS) or stray:
+            raise OptionError(
+                f"task_settings for kind {name!r} must be keyed by a task of {TASKS} and name settings of its "
+                f"settings {tuple(read)}, got {dict(task_settings or {})!r}"
+            )
+        entry = RegisteredKind(
+            name,
+            build,
+            others,
+            family,
+            MappingProxyType(dict(vit_defaults or {})),
+            MappingProxyType(read),
+            MappingProxyType(by_task),
+            check,
+        )
         _REGISTRY[name] = entry
         try:
-            entry.vit_attention()  # its ViTs' default settings make a valid AttentionSpec
+            for task in TASKS:  # its defaults, and its ViTs' default settings, make valid specs
+                AttentionSpec(kind=name).resolved(task)
+            entry.vit_attention()
         except (TypeError, ValueError):
             del _REGISTRY[name]
             raise
@@ -155,6 +201,30 @@ def registered_kind(name: str) -> RegisteredKind:
     return entry
 
 
+def unread_settings_text(kind: str, setting: str) -> str:
+    """Why ``setting`` does not apply to ``kind``, in words: what the kind reads, and which kinds read the setting."""
+    reads = ", ".join(registered_kind(kind).settings) or "no setting beyond kind, layers and backend"
+    readers = ", ".join(kinds_reading(setting)) or "no registered kind"
+    return f"{setting} does not apply to kind {kind!r} (it reads {reads}; {setting} is read by {readers})"
+
+
+def upgrade_saved_attention(attention: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved attention group (a run's ``config.yaml``, a checkpoint's hyper-parameters) as an AttentionSpec takes it.
+
+    Configs and checkpoints saved before each kind owned its settings hold every setting: the ones their kind does
+    not read at the former defaults (:data:`SAVED_DEFAULTS`). Those are set to None; everything else is kept as
+    saved (an unknown kind too, for the parser to refuse by name).
+    """
+    upgraded = dict(attention)
+    entry = _REGISTRY.get(upgraded.get("kind")) if isinstance(upgraded.get("kind"), str) else None
+    if entry is None:
+        return upgraded
+    for name in KIND_SETTINGS:
+        if name not in entry.settings and upgraded.get(name) in SAVED_DEFAULTS[name]:
+            upgraded[name] = None
+    return upgraded
+
+
 @dataclass
 class AttentionSpec:
     """Which attention a transformer uses, and in which blocks.
@@ -174,41 +244,43 @@ class AttentionSpec:
             with :func:`register_attention_kind`.
             The robust family: ``twicing`` (``(2A - A²) V``), ``neutreno`` (``A V + lambd (V_1 - V)``, V_1 the
             first block's values) and ``elliptical`` (queries rescaled by the previous block's value change).
-        n_iter: PAP attention evaluations per RPC layer (>= 1); used by ``rpc`` only.
+        n_iter: PAP attention evaluations per RPC layer (>= 1); ``rpc`` only (None: 4).
         lambd: the kind's weight: PAP's sparsity weight for ``rpc`` (> 0, finite; None: 4.0), NeuTRENO's fidelity
-            weight for ``neutreno`` (>= 0; None: 0.6, the papers' vision setting; 0.4 for language). Left None for
-            ``twicing`` and ``elliptical``.
+            weight for ``neutreno`` (>= 0; None: 0.6 for images, 0.4 for language, the papers' settings).
         layers: ``"all"`` or a list of block indices that get ``kind``. The other blocks get the kind's
             registered ``others``: with ``rpc`` they are symmetric softmax (an RPC model is a SymViT with PAP in
             chosen blocks); with ``neutreno`` and ``elliptical`` our softmax attention (it hands its values on);
             the other built-in kinds leave them as they are (see :meth:`per_block`). NeuTRENO and Elliptical in
             block 0 are plain softmax attention (there is no earlier block), so ``"all"`` is the papers' blocks
             2 to the last.
-        convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP); ``rpc`` only.
+        convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP); ``rpc`` only (None:
+            ``reference``).
         backend: ``auto``, ``torch`` or ``triton`` (see ``kpca.attention.set_backend``).
         num_tokens: N for ``scaled_s`` (its S is N x N); None lets ``swap_attention`` read it from a timm
             ViT (patches + prefix tokens).
 
-    A setting that the kind does not read (its registration's ``settings``) must stay at its default: e.g.
-    ``AttentionSpec(kind="twicing", lambd=0.6)`` raises, naming the setting. The kinds registered before that rule
-    (softmax, symmetric, rpc, the scaled kinds) take every setting, as before.
+    Each kind reads only its own settings (its registration's ``settings``): a setting left None takes the kind's
+    default when the module is built (:meth:`resolved`), and is never written back, so a saved config shows what
+    was chosen. A setting that the kind does not read raises, naming it and the kinds that read it:
+    ``AttentionSpec(kind="twicing", lambd=0.6)``.
     """  # noqa: D214, D405 (the YAML key ``attention:`` above is no docstring section)
 
     kind: Literal[kinds()] = "softmax"  # the registered kinds when a parser reads the type: LightningCLI's choices
-    n_iter: int = 4
+    n_iter: int | None = None
     lambd: float | None = None
     layers: Literal["all"] | list[int] = "all"
-    convention: Convention = "reference"
+    convention: Convention | None = None
     backend: Backend = "auto"
     num_tokens: int | None = None
 
     def __post_init__(self) -> None:
         entry = registered_kind(self.kind)
-        if entry.settings is None:
-            self.lambd = PAP_LAMBD if self.lambd is None else self.lambd
-            check_pap_args(self.n_iter, self.lambd, self.convention, None)
-        else:
-            self._resolve_settings(entry)
+        for name in KIND_SETTINGS:
+            value = getattr(self, name)
+            if name not in entry.settings and value is not None:
+                raise OptionError(
+                    f"AttentionSpec.{name}={value!r}: {unread_settings_text(self.kind, name)}; leave {name} unset"
+                )
         check_backend(self.backend)
         if self.num_tokens is not None and (
             isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1
@@ -222,23 +294,26 @@ class AttentionSpec:
                 raise OptionError(f"AttentionSpec.layers must be 'all' or a list of block indices, got {layers!r}")
             if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
                 raise OptionError(f"AttentionSpec.layers must hold distinct non-negative indices, got {list(layers)}")
+        if entry.check is not None:
+            for task in TASKS:
+                entry.check(self._filled(entry, task))
 
-    def _resolve_settings(self, entry: RegisteredKind) -> None:
-        """Fill the settings ``entry``'s kind reads from its defaults; refuse the others set away from theirs."""
-        defaults = {f.name: f.default for f in fields(self) if f.name in KIND_SETTINGS}
-        for name in KIND_SETTINGS:
-            value = getattr(self, name)
-            if name in entry.settings:
-                if value is None:
-                    setattr(self, name, entry.settings[name])
-            elif value != defaults[name]:
-                reads = ", ".join(entry.settings) or "no setting beyond kind, layers and backend"
-                raise OptionError(
-                    f"AttentionSpec.{name}={value!r} does not apply to kind {self.kind!r} (it reads {reads}); "
-                    f"remove {name} (leave it at {defaults[name]!r})"
-                )
-        if "lambd" in entry.settings:
-            _check_lambd(self.lambd)
+    def _filled(self, entry: RegisteredKind, task: str) -> SimpleNamespace:
+        """This spec's fields with the kind's defaults for ``task`` in the settings left None (no new spec)."""
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        for name, default in entry.defaults(task).items():
+            if values[name] is None:
+                values[name] = default
+        return SimpleNamespace(**values)
+
+    def resolved(self, task: str = "vision") -> AttentionSpec:
+        """A copy with every setting the kind reads filled in: the kind's default for ``task`` where left None.
+
+        This spec is left as it is (it keeps what was chosen); the copy is what the kind's builder reads.
+        """
+        entry = registered_kind(self.kind)
+        filled = {name: value for name, value in vars(self._filled(entry, task)).items() if name in entry.settings}
+        return replace(self, **filled)
 
     def block_indices(self, depth: int) -> list[int]:
         """The indices of the blocks that get ``kind`` in a model of ``depth`` blocks."""
@@ -246,7 +321,10 @@ class AttentionSpec:
             return list(range(depth))
         too_big = [i for i in self.layers if i >= depth]
         if too_big:
-            raise OptionError(f"AttentionSpec.layers {too_big} out of range for a model with {depth} blocks")
+            raise OptionError(
+                f"AttentionSpec.layers {too_big} out of range for a model with {depth} blocks (indices 0 to "
+                f"{depth - 1})"
+            )
         return sorted(self.layers)
 
     def per_block(self, depth: int) -> list[AttentionSpec | None]:
@@ -269,13 +347,19 @@ class AttentionSpec:
         rest = None if others is None else AttentionSpec(kind=others, backend=self.backend)
         return [self if i in chosen else rest for i in range(depth)]
 
-    def build(self, dim: int, num_heads: int = 8, **kwargs) -> nn.Module:
+    def build(self, dim: int, num_heads: int = 8, *, task: str = "vision", **kwargs) -> nn.Module:
         """Build the attention module of ``kind`` (its registered builder) with timm ``Attention`` keywords.
+
+        Args:
+            dim: the model width.
+            num_heads: attention heads.
+            task: the :data:`Task` whose defaults fill the settings left None (:meth:`resolved`).
+            **kwargs: timm ``Attention``'s other keywords.
 
         Raises:
             ValueError: for ``scaled_s`` without ``num_tokens``.
         """
-        return registered_kind(self.kind).build(self, dim, num_heads, **kwargs)
+        return registered_kind(self.kind).build(self.resolved(task), dim, num_heads, **kwargs)
 
 
 @register_attention_kind("softmax", vit_family="deit")  # timm's own DeiT: timm registers deit_<size>_patch16_224
@@ -288,8 +372,17 @@ def _symmetric(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Mo
     return SoftmaxAttention(dim, num_heads, symmetric=True, backend=spec.backend, **kwargs)
 
 
+def _check_rpc(spec: AttentionSpec) -> None:
+    check_pap_args(spec.n_iter, spec.lambd, spec.convention, None)
+
+
 @register_attention_kind(
-    "rpc", others="symmetric", vit_family="rpc_symvit", vit_defaults={"n_iter": 4, "lambd": 4.0, "layers": [0]}
+    "rpc",
+    others="symmetric",
+    vit_family="rpc_symvit",
+    vit_defaults={"n_iter": 4, "lambd": 4.0, "layers": [0]},
+    settings={"n_iter": 4, "lambd": 4.0, "convention": "reference"},
+    check=_check_rpc,
 )  # RPC-SymViT: PAP in block 0 (the paper's example), symmetric attention elsewhere
 def _rpc(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return RPCAttention(
@@ -297,7 +390,7 @@ def _rpc(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     )
 
 
-@register_attention_kind("scaled_s")
+@register_attention_kind("scaled_s", settings={"num_tokens": None})
 def _scaled_s(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     if spec.num_tokens is None:
         raise OptionError(
@@ -312,16 +405,26 @@ def _scaled_alpha(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn
     return AlphaAsymAttention(dim, num_heads, backend=spec.backend, **kwargs)
 
 
-@register_attention_kind("twicing", settings={})  # all blocks (the papers' ImageNet model; the LM: its last two)
+@register_attention_kind("twicing")  # all blocks (the papers' ImageNet model; the LM: its last two)
 def _twicing(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return TwicingAttention(dim, num_heads, backend=spec.backend, **kwargs)
 
 
-@register_attention_kind("neutreno", others="softmax", settings={"lambd": 0.6})
+def _check_neutreno(spec: AttentionSpec) -> None:
+    _check_lambd(spec.lambd)
+
+
+@register_attention_kind(
+    "neutreno",
+    others="softmax",
+    settings={"lambd": 0.6},  # the papers' vision setting (ImageNet, ADE20K)
+    task_settings={"language": {"lambd": 0.4}},  # WikiText-103
+    check=_check_neutreno,
+)
 def _neutreno(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return NeuTRENOAttention(dim, num_heads, lambd=spec.lambd, backend=spec.backend, **kwargs)
 
 
-@register_attention_kind("elliptical", others="softmax", settings={})
+@register_attention_kind("elliptical", others="softmax")
 def _elliptical(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     return EllipticalAttention(dim, num_heads, backend=spec.backend, **kwargs)

@@ -25,7 +25,7 @@ class AttentionSwap:
     weights: str
 
 
-def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]:
+def swap_attention(model: nn.Module, spec: AttentionSpec, *, task: str = "vision") -> list[AttentionSwap]:
     """Replace ``model.blocks[i].attn`` for the blocks ``spec`` selects, carrying weights over.
 
     Works on any model with a ``blocks`` sequence whose items hold an ``attn`` module with timm's
@@ -39,6 +39,11 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
     become symmetric softmax attention, with ``neutreno`` and ``elliptical`` asymmetric softmax attention,
     otherwise they are left as they are. Then the blocks' attention modules share one
     :class:`~kpca.attention.relay.ValueRelay` if some kind asks for one (``install_relay``), and none otherwise.
+
+    Args:
+        model: the model whose blocks' attention is replaced.
+        spec: the attention, and which blocks get it.
+        task: whose defaults fill the settings ``spec`` leaves None (:meth:`AttentionSpec.resolved`).
 
     Returns:
         One :class:`AttentionSwap` per replaced module (blocks already of the wanted kind and
@@ -56,7 +61,7 @@ def swap_attention(model: nn.Module, spec: AttentionSpec) -> list[AttentionSwap]
         if target is None:
             continue
         old = block.attn
-        new = target.build(**_shape_of(old))
+        new = target.build(**_shape_of(old), task=task)
         swaps.append(AttentionSwap(i, type(old).__name__, type(new).__name__, _move_weights(old, new)))
         block.attn = new
     install_relay([block.attn for block in blocks], owner=f"{type(model).__name__}.blocks")

@@ -18,9 +18,11 @@ data and lists the damaged ones, building neither model nor trainer (:meth:`Proj
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
+import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -36,6 +38,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from kpca.training.analysis import KernelPCAMonitor
+from kpca.training.attention_options import DroppedSetting, drop_settings, settle_attention_groups
 from kpca.training.callbacks import (
     DeferredSlurmRequeue,
     HParamsSummary,
@@ -52,6 +55,7 @@ from kpca.training.checkpointing.trained_options import (
     check_weights_fit,
     option_differences,
     plain,
+    trained_data_options,
     trained_model_options,
     typed_over_trained,
 )
@@ -138,6 +142,11 @@ class ProjectCLI(LightningCLI):
     """The arguments the command was given (None: ``sys.argv``), parsed again for what the user typed."""
     trained_differences: list[OptionDifference] = []
     """The model options this run uses that differ from its ``--ckpt_path``'s training (set by parsing)."""
+    _defaults_from_checkpoint: bool = False
+    """Whether the subcommand's defaults are its ``--ckpt_path``'s training options (:meth:`_checkpoint_defaults`)."""
+    dropped_settings: list[DroppedSetting] = []
+    """The attention settings that came from earlier config files for a kind that does not read them (set by
+    parsing; :mod:`kpca.training.attention_options`)."""
 
     def __init__(self, model_class, datamodule_class, args: ArgsType = None) -> None:
         console_logging()
@@ -211,11 +220,18 @@ class ProjectCLI(LightningCLI):
         error, and another app's file one that names that app instead of a parser dump.
         """
         self._args = args
+        self._checkpoint_defaults(parser, args)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand is None:
             return
         config = self.config[subcommand]
+        given = sys.argv[1:] if args is None else args
+        fallback = "the checkpoint" if self._defaults_from_checkpoint else "the defaults"
+        self.dropped_settings = settle_attention_groups(config, given, subcommand, fallback)
+        if rank_zero_only.rank == 0:
+            for setting in self.dropped_settings:
+                logger.info(setting.text)
         ckpt_path = config.get("ckpt_path")
         if subcommand == "fit" and ckpt_path in AUTO_RESUME:
             self._resume_automatically(config)
@@ -223,6 +239,33 @@ class ProjectCLI(LightningCLI):
             if subcommand == "fit":
                 check_checkpoint(ckpt_path)
             check_origin(ckpt_path, app_of(self.model_class), subcommand)
+
+    def _checkpoint_defaults(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        """Let a checkpoint given to ``validate``/``test``/``predict``/``analyze``/``export`` stand in for the defaults.
+
+        The model options it was trained with (and the data options its DataModule saved) become the subcommand
+        parser's defaults, so that ``test -c <trainer> --ckpt_path X`` runs the checkpoint's model without its
+        experiment file; typed options still override them (see :meth:`_parse_ckpt_path`). Only a ``--ckpt_path``
+        typed on the command line is read here; a checkpoint that cannot be read is left to the later checks, which
+        name the problem.
+        """
+        if not isinstance(args, (list, tuple)) and args is not None:
+            return
+        words = list(sys.argv[1:] if args is None else args)
+        subcommand = next((word for word in words if word in self._subcommand_parsers), None)
+        ckpt_path = _typed_value(words, "--ckpt_path")
+        if subcommand in (None, "fit") or ckpt_path is None or not Path(ckpt_path).is_file():
+            return
+        try:
+            trained, data = trained_model_options(ckpt_path), trained_data_options(ckpt_path)
+        except Exception:  # noqa: BLE001 (any unreadable file: check_origin and Lightning name it later)
+            return
+        subparser = self._subcommand_parsers[subcommand]
+        self._defaults_from_checkpoint = True
+        for section, options in (("model", trained), ("data", data)):
+            for key, value in options.items():
+                with contextlib.suppress(KeyError, ValueError, TypeError):
+                    subparser.set_defaults({f"{section}.{key}": value})
 
     def _parse_ckpt_path(self) -> None:
         """Run what the user typed: the checkpoint's model options fill in only the model options not typed.
@@ -239,7 +282,9 @@ class ProjectCLI(LightningCLI):
         trained = trained_model_options(ckpt_path)
         if not trained:
             return
-        typed = self._typed_config()[subcommand].get("model")
+        typed_config = self._typed_config()[subcommand]
+        drop_settings(typed_config, self.dropped_settings)
+        typed = typed_config.get("model")
         merged = typed_over_trained(trained, plain(typed) if typed is not None else {})
         self.config = self.parser.parse_object({subcommand: {"model": merged}}, self.config)
         self.trained_differences = option_differences(trained, plain(self.config[subcommand].model))
@@ -367,6 +412,17 @@ class ProjectCLI(LightningCLI):
         init.version = resume.run_folder.name
         if "purge_step" in init:  # TensorBoard hides the events a killed run wrote after its last checkpoint
             init.purge_step = resume.step
+
+
+def _typed_value(words: list[str], option: str) -> str | None:
+    """The value of ``option`` typed last on a command line (``--option=value`` or ``--option value``), if any."""
+    value = None
+    for i, word in enumerate(words):
+        if word.startswith(f"{option}="):
+            value = word.partition("=")[2]
+        elif word == option and i + 1 < len(words):
+            value = words[i + 1]
+    return value
 
 
 def _prog(model_class: type) -> dict[str, str]:

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 
 from kpca.attention.errors import OptionError
+from kpca.attention.spec import KIND_SETTINGS, upgrade_saved_attention
+from kpca.training.attention_options import is_attention_group
 
 CLASS_PATH = "class_path"
 INIT_ARGS = "init_args"
@@ -71,19 +73,45 @@ def trained_model_options(ckpt_path: str | Path) -> dict:
     Returns:
         The ``model`` section's options (``{}`` when the checkpoint saved none).
     """
+    return _saved_options(ckpt_path, "hyper_parameters")
+
+
+def trained_data_options(ckpt_path: str | Path) -> dict:
+    """The data options a checkpoint's DataModule saved (``save_hyperparameters``); ``{}`` when it saved none."""
+    return _saved_options(ckpt_path, "datamodule_hyper_parameters")
+
+
+def _saved_options(ckpt_path: str | Path, key: str) -> dict:
+    """A checkpoint's saved hyper-parameters under ``key``, as LightningCLI reads them, attention groups upgraded.
+
+    Attention groups saved before each kind owned its settings are read as today's (see
+    :func:`kpca.attention.spec.upgrade_saved_attention`).
+    """
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    hparams = dict(checkpoint.get(key) or {})
     hparams.pop("_instantiator", None)
     if "_class_path" in hparams:  # a model given by class path: LightningCLI's dict_kwargs form
         hparams = {CLASS_PATH: hparams.pop("_class_path"), "dict_kwargs": hparams}
-    return plain(hparams)
+    return _upgraded(plain(hparams))
+
+
+def _upgraded(value: object) -> object:
+    """``value`` with each attention group in it upgraded (:func:`kpca.attention.spec.upgrade_saved_attention`)."""
+    if is_attention_group(value):
+        return upgrade_saved_attention(value)
+    if isinstance(value, Mapping):
+        return {key: _upgraded(item) for key, item in value.items()}
+    return value
 
 
 def typed_over_trained(trained: Mapping, typed: Mapping) -> dict:
     """The checkpoint's options with every typed one in its place: what a run with ``--ckpt_path`` uses.
 
     A typed class-typed option naming another ``class_path`` than the trained one replaces it whole (the other
-    class's arguments do not apply); the same class merges its ``init_args`` option by option.
+    class's arguments do not apply); the same class merges its ``init_args`` option by option. Likewise a typed
+    attention group naming another ``kind`` than the trained one: the trained kind's settings (``n_iter``,
+    ``lambd``, ...) do not carry over (those not typed are None: the new kind's defaults), its ``layers`` and
+    ``backend`` do unless typed.
     """
     merged = dict(trained)
     for key, value in typed.items():
@@ -91,6 +119,9 @@ def typed_over_trained(trained: Mapping, typed: Mapping) -> dict:
         same_class = isinstance(value, Mapping) and isinstance(old, Mapping)
         if same_class and CLASS_PATH in value and value[CLASS_PATH] != old.get(CLASS_PATH):
             merged[key] = dict(value)
+        elif same_class and is_attention_group(old) and "kind" in value and value["kind"] != old["kind"]:
+            every_kinds = {name: setting for name, setting in old.items() if name not in (*KIND_SETTINGS, "kind")}
+            merged[key] = {**every_kinds, **dict.fromkeys(KIND_SETTINGS), **value}
         elif same_class:
             merged[key] = typed_over_trained(old, value)
         else:

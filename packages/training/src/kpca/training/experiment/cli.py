@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from unittest import mock
 
+from jsonargparse import Namespace
+
 from kpca.attention.errors import OptionError
 from kpca.training.errors import run_command
 from kpca.training.experiment.plan import Plan, PlannedRun, StepSpec, load_plan, step_argv, step_folder
@@ -150,7 +152,38 @@ def _parser_message(text: str) -> str:
 
 
 def _stop_after_parsing(cli: object) -> None:
+    """Check what can be checked without data, then stop before anything is built for real."""
+    check_network_without_data(cli.config[cli.subcommand])
     raise _ParsedSignal
+
+
+def check_network_without_data(config: Namespace) -> None:
+    """Build a parsed config's ``model.net`` on the meta device: its attention specs and the network's own checks.
+
+    So a plan is refused before any step for what its run's model would refuse at build time: a setting its
+    attention kind does not read, a bad ``lambd``, a block index past the network's depth, a width the heads do not
+    divide. Nothing is allocated (meta tensors) and nothing is read: a file the network would load (``init_from``,
+    pretrained weights) is left to the step itself, as is a link filled from the data (its class default stands in).
+
+    Raises:
+        ValueError: the network's own refusal (an ``OptionError`` where it is an option's), as the step would raise it.
+    """
+    import torch
+    from jsonargparse import ArgumentParser
+    from torch import nn
+
+    model = config.get("model")
+    net = model.get("net") if isinstance(model, Namespace) else None
+    if not isinstance(net, Namespace) or "class_path" not in net:
+        return
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--net", type=nn.Module)
+    parsed = parser.parse_object({"net": net.as_dict()})
+    try:
+        with torch.device("meta"):
+            parser.instantiate_classes(parsed)
+    except (OSError, NotImplementedError):  # a file to read, or a step meta tensors cannot take: left to the step
+        return
 
 
 def _parser() -> argparse.ArgumentParser:

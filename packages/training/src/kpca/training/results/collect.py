@@ -17,13 +17,14 @@ import csv
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import yaml
 
 from kpca.attention import AttentionSpec
+from kpca.attention.spec import KIND_SETTINGS, registered_kind, upgrade_saved_attention
 from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.trained_options import OptionDifference
 from kpca.training.results.protocol import EvaluationProtocol, read_not_as_trained
@@ -64,6 +65,14 @@ class Run:
     """The evaluation's ``model`` section: what ran, which may differ from the training's (``--ckpt_path`` rule)."""
     not_as_trained: list[OptionDifference] = field(default_factory=list)
     """The evaluation's model options that differ from its checkpoint's training (its ``protocol.json`` says)."""
+    attention_task: str = "vision"
+    """Whose defaults name the settings its attention leaves null (the report's :attr:`ReportSchema.attention_task`)."""
+
+    @property
+    def attention(self) -> dict:
+        """The attention that ran (the evaluation's, else the training's), its kind's settings resolved
+        (:func:`resolved_attention`)."""
+        return resolved_attention(find_attention(self.evaluated_model or self.config.get("model", {})), self.attention_task)
 
     @property
     def seed(self) -> object:
@@ -163,34 +172,37 @@ def find_attention(config: object) -> dict:
     return {}
 
 
-def model_label(attention: Mapping) -> str:
-    """A short name of a model from its attention settings, e.g. ``rpc n_iter=4 lambd=4.0 layers=[0]``.
+def resolved_attention(attention: Mapping, task: str = "vision") -> dict:
+    """A saved attention group with the settings its kind reads filled in and the others left out.
 
-    A setting the saved config leaves null (``lambd`` of ``rpc`` or ``neutreno``) is named with the value the kind
-    gives it (:class:`kpca.attention.AttentionSpec`).
+    A setting the saved config leaves null (``lambd`` of ``rpc`` or ``neutreno``) gets the value its kind gives it
+    for ``task`` (:meth:`kpca.attention.AttentionSpec.resolved`); settings saved by configs older than that rule
+    for a kind that does not read them are dropped. An attention group that is no valid spec is returned as saved.
     """
+    spec_fields = {field.name for field in fields(AttentionSpec)}
+    try:
+        spec = AttentionSpec(**{k: v for k, v in upgrade_saved_attention(attention).items() if k in spec_fields})
+        resolved = asdict(spec.resolved(task))
+    except (TypeError, ValueError):
+        return dict(attention)
+    unread = set(KIND_SETTINGS) - set(registered_kind(spec.kind).settings)
+    return {key: value for key, value in resolved.items() if key not in unread}
+
+
+def model_label(attention: Mapping) -> str:
+    """A short name of a model from its resolved attention (:func:`resolved_attention`), e.g.
+    ``rpc n_iter=4 lambd=4.0 layers=[0]``: the kind, the settings it reads but ``convention`` at its default, and
+    ``layers`` when not all."""
     kind = attention.get("kind", "?")
     parts = [str(kind)]
-    if kind == "rpc":
-        parts += [f"n_iter={attention.get('n_iter')}", f"lambd={_setting(attention, 'lambd')}"]
-    elif kind == "neutreno":
-        parts.append(f"lambd={_setting(attention, 'lambd')}")
+    parts += [
+        f"{name}={attention[name]}"
+        for name in ("n_iter", "lambd", "convention")
+        if attention.get(name) is not None and (name, attention[name]) != ("convention", "reference")
+    ]
     if attention.get("layers", "all") != "all":
         parts.append(f"layers={attention.get('layers')}")
     return " ".join(parts)
-
-
-def _setting(attention: Mapping, name: str) -> object:
-    """``attention[name]``, or when it is null the value its kind resolves it to (None when the spec is invalid)."""
-    value = attention.get(name)
-    if value is not None:
-        return value
-    spec_fields = {field.name for field in fields(AttentionSpec)}
-    try:
-        spec = AttentionSpec(**{key: value for key, value in attention.items() if key in spec_fields})
-    except (TypeError, ValueError):
-        return None
-    return getattr(spec, name)
 
 
 def _checkpoint_run(ckpt_path: object, training: Mapping[Path, Run]) -> Run | None:
@@ -290,7 +302,7 @@ def collect_runs(root: str | Path, schema: ReportSchema) -> list[Run]:
         else:
             run.reason = max(problems[key])[1] if key in problems else _no_evaluation(run, root)
             collected.append(run)
-    return [*collected, *standalone]
+    return [replace(run, attention_task=schema.attention_task) for run in [*collected, *standalone]]
 
 
 def _is_training(folder: Path) -> bool:
@@ -313,8 +325,7 @@ def group_runs(runs: Sequence[Run]) -> tuple[list[Model], list[Run]]:
             continue
         key = json.dumps([_model_key(run.config), run.evaluation_key])
         if key not in models:
-            attention = find_attention(run.evaluated_model or run.config.get("model", {}))
-            models[key] = Model(_label(attention, run.not_as_trained), attention)
+            models[key] = Model(_label(run.attention, run.not_as_trained), run.attention)
         models[key].runs.append(run)
     _distinguish(models.values(), lambda model: f" ({model.runs[0].folder.parent.name})")
     _distinguish(models.values(), lambda model: f" (test: {_folder_name(model.runs[0].evaluation)})")

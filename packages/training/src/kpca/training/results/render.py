@@ -14,7 +14,7 @@ import re
 import statistics
 from collections.abc import Sequence
 
-from kpca.training.results.collect import Model, Run, find_attention, model_label
+from kpca.training.results.collect import Model, Run, model_label
 from kpca.training.results.protocol import EvaluationProtocol
 from kpca.training.results.references import Reference
 from kpca.training.results.schema import ReportSchema
@@ -88,7 +88,7 @@ def comparison_rows(
         row |= {f"protocol:{group}": p.text for group, p in _groups_with_values(model, columns).items()}
         rows.append(row)
     for run in incomplete:
-        attention = find_attention(run.config.get("model", {}))
+        attention = run.attention
         rows.append(
             {"model": model_label(attention), "kind": attention.get("kind"), "seeds": str(run.seed), "runs": 0,
              "status": f"incomplete: {run.folder}: {run.reason}"}

@@ -40,6 +40,8 @@ class ReportSchema:
             ``model.evaluator.report_name``); None when the name is fixed.
         protocols: the :class:`~kpca.training.results.protocol.ProtocolRule` of each column group of the report (clean,
             corrupted, each attack, ...), or the function giving them for a run's config; () declares none.
+        attention_task: the ``kpca.attention`` task whose defaults the app's models build with (``vision`` or
+            ``language``): a model's label names a setting left null by that task's default (NeuTRENO's lambd).
     """
 
     stem: str
@@ -47,6 +49,7 @@ class ReportSchema:
     columns: tuple[str, ...]
     name_setting: str | None = None
     protocols: ProtocolRules = ()
+    attention_task: str = "vision"
 
     def __post_init__(self) -> None:
         if not isinstance(self.stem, str) or not REPORT_NAME.fullmatch(self.stem):
