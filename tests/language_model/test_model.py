@@ -64,6 +64,18 @@ def test_gradients_of_position_t_do_not_reach_later_tokens_with_rpc_everywhere()
     assert grad[10:].abs().sum() == 0
 
 
+def test_neutreno_left_unset_takes_the_papers_language_lambd():
+    """The LM builds with the language defaults: NeuTRENO's lambd 0.4 (0.6 is the images' setting)."""
+    model = CausalTransformerLM(
+        50, context=8, width=16, depth=3, num_heads=2, ffn_dim=32, attention=AttentionSpec(kind="neutreno")
+    )
+    assert [block.attn.lambd for block in model.blocks] == [0.4] * 3
+    assert model.attention.lambd is None  # what was chosen is kept
+    chosen = AttentionSpec(kind="neutreno", lambd=0.6)
+    model = CausalTransformerLM(50, context=8, width=16, depth=2, num_heads=2, ffn_dim=32, attention=chosen)
+    assert [block.attn.lambd for block in model.blocks] == [0.6] * 2
+
+
 def test_shapes_tied_embeddings_and_dropout_only_in_training():
     model = tiny(dropout=0.5)
     tokens = torch.randint(0, 50, (3, 10))

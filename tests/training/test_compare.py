@@ -16,7 +16,14 @@ import yaml
 
 from kpca.language_model.perplexity import PERPLEXITY_REPORT
 from kpca.segmentation.evaluation import SEGMENTATION_REPORT
-from kpca.training.results.collect import collect_runs, group_runs, installed_tasks, model_label, report_schema
+from kpca.training.results.collect import (
+    collect_runs,
+    group_runs,
+    installed_tasks,
+    model_label,
+    report_schema,
+    resolved_attention,
+)
 from kpca.training.results.compare import compare, main
 from kpca.training.results.render import figure_description
 from kpca.training.results.schema import ReportSchema
@@ -239,6 +246,19 @@ def test_a_report_schema_refuses_a_path_as_stem_and_a_broken_pattern():
 def test_labels_and_errors():
     assert model_label({"kind": "rpc", "n_iter": 4, "lambd": 4.0, "layers": [0]}) == "rpc n_iter=4 lambd=4.0 layers=[0]"
     assert model_label({"kind": "softmax", "layers": "all"}) == "softmax"
+
+
+def test_a_label_names_the_settings_left_null_by_the_kinds_default_for_the_apps_task():
+    rpc = resolved_attention({"kind": "rpc", "n_iter": 2, "lambd": None, "layers": [0]})
+    assert model_label(rpc) == "rpc n_iter=2 lambd=4.0 layers=[0]"
+    neutreno = {"kind": "neutreno", "lambd": None, "layers": "all"}
+    assert model_label(resolved_attention(neutreno)) == "neutreno lambd=0.6"  # images
+    assert model_label(resolved_attention(neutreno, "language")) == "neutreno lambd=0.4"  # the language model
+    saved = {"kind": "twicing", "n_iter": 4, "lambd": None, "convention": "reference", "layers": "all"}
+    assert resolved_attention(saved) == {"kind": "twicing", "layers": "all", "backend": "auto"}  # an older config
+    assert (
+        model_label(resolved_attention({"kind": "rpc", "convention": "pcp"})) == "rpc n_iter=4 lambd=4.0 convention=pcp"
+    )
     with pytest.raises(ValueError, match="--task must be one of"):
         compare(".", "nope")
 

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from argparse import ArgumentError
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from jsonargparse import ArgumentParser
 
 from kpca.attention.spec import kinds
 from kpca.training.parser import (
     COMMAND_LINE,
     MAX_DETAIL_LINES,
+    ProjectArgumentParser,
     Refusal,
     config_files,
     error_report,
@@ -313,3 +317,27 @@ def test_the_report_cuts_a_long_message():
     lines = error_report(reshape(message), [], "app fit").splitlines()
     assert lines[0] == "error: x: line 0"
     assert len(lines) == 1 + MAX_DETAIL_LINES + 1 and lines[-2] == "  ..." and lines[-1] == "see: app fit --help"
+
+
+@dataclass
+class _Settings:
+    lambd: float | None = 1.0
+
+
+class _Net:
+    def __init__(self, settings: _Settings = _Settings()) -> None:  # noqa: B008 (a dataclass default)
+        self.settings = settings
+
+
+def test_nested_null_still_needs_the_fix():
+    """``--net.init_args.settings.lambd=null``: jsonargparse 4.53 hands the class's parser ``lambd=None`` (``str`` of
+    the value it loaded), which no ``float | None`` takes; ProjectArgumentParser reads it back as null. When the
+    first half fails, jsonargparse passes null on itself and ``ProjectArgumentParser.parse_args`` can go."""
+    args = [f"--net={__name__}._Net", "--net.init_args.settings.lambd=null"]
+    plain = ArgumentParser(exit_on_error=False)
+    plain.add_subclass_arguments(_Net, "net")
+    with pytest.raises(ArgumentError, match="Given value: None"):
+        plain.parse_args(args)
+    ours = ProjectArgumentParser(exit_on_error=False)
+    ours.add_subclass_arguments(_Net, "net")
+    assert ours.parse_args(args).net.init_args.settings.lambd is None

@@ -128,3 +128,47 @@ def test_a_plan_without_report_says_how_to_get_one(tmp_path, monkeypatch, capsys
         "{task: vision_cls}) and run `kpca-experiment report plan.yaml`, or compare the runs with "
         "`kpca-report runs/typo --task vision_cls`"
     )
+
+
+CLASHES = {  # a run's overrides -> what the refusal names
+    "a setting its kind does not read": (
+        ("--model.net.init_args.attention.kind=twicing", "--model.net.init_args.attention.lambd=0.5"),
+        "lambd=0.5 (from the command line): lambd does not apply to kind 'twicing'",
+    ),
+    "a block past the network's depth": (
+        ("--model.net.init_args.attention.layers=[5]",),
+        "layers [5] out of range for a model with 2 blocks",
+    ),
+    "a bad lambd": (
+        ("--model.net.init_args.attention.kind=neutreno", "--model.net.init_args.attention.lambd=-1"),
+        "lambd must be a finite float >= 0",
+    ),
+}
+
+
+@pytest.mark.parametrize("clash", list(CLASHES))
+def test_validate_builds_each_runs_network_before_any_step(tmp_path, monkeypatch, clash):
+    """What the run's model would refuse at build time is refused by validate, naming the run (no data read)."""
+    monkeypatch.chdir(tmp_path)
+    overrides, named = CLASHES[clash]
+    with pytest.raises(cli.ValidationError) as refused:
+        validate_plan(load_plan(write_plan(tmp_path, second_run=overrides)))
+    assert "run 'rpc', step 'fit'" in str(refused.value) and named in str(refused.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_run_refuses_a_kind_setting_clash_before_any_step_runs(tmp_path):
+    """The console script, as typed: a plan whose second run switches to twicing and types lambd."""
+    overrides, named = CLASHES["a setting its kind does not read"]
+    done = kpca_experiment("run", str(write_plan(tmp_path, second_run=overrides)), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert "run 'rpc', step 'fit'" in done.stderr and named in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_plan_switching_kinds_by_one_word_validates(tmp_path, monkeypatch):
+    """The RPC smoke config's n_iter does not stop a run that types another kind alone."""
+    monkeypatch.chdir(tmp_path)
+    path = write_plan(tmp_path, second_run=("--model.net.init_args.attention.kind=elliptical",))
+    assert validate_plan(load_plan(path)) == 4

@@ -80,3 +80,69 @@ def test_an_option_the_weights_cannot_take_is_refused_in_one_line_before_any_wor
     assert "model.net.init_args.embed_dim=64 (trained with 32)" in error[0]
     assert "Drop these options" in error[0]
     assert not (tmp_path / "runs").exists()  # nothing written
+
+
+KIND = "model.net.init_args.attention.kind"
+LAMBD = "model.net.init_args.attention.lambd"
+
+
+@pytest.fixture(scope="module")
+def neutreno(tmp_path_factory: pytest.TempPathFactory, digits_cache_dir: Path) -> Path:
+    """The last checkpoint of a one-step NeuTRENO fit (lambd 0.4), switched from the RPC smoke config by its kind."""
+    root = tmp_path_factory.mktemp("neutreno")
+    options = ("--trainer.max_steps=1", f"--{KIND}=neutreno", f"--{LAMBD}=0.4")
+    run_to_the_end(command("fit", root, digits_cache_dir, *options), root)
+    return root / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_a_kind_typed_at_test_replaces_the_attention_group_and_the_run_records_it(
+    neutreno: Path, tmp_path: Path, digits_cache_dir: Path
+):
+    done = run_to_the_end(
+        command("test", tmp_path, digits_cache_dir, f"--{KIND}=elliptical", "--ckpt_path", neutreno), tmp_path
+    )
+    assert "attention.lambd=0.4 from the checkpoint does not apply to elliptical: dropped" in done.stderr
+    run_dir = tmp_path / "runs" / "lightning_logs" / "version_0"
+    attention = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["net"]["init_args"]["attention"]
+    assert (attention["kind"], attention["lambd"], attention["n_iter"]) == ("elliptical", None, None)
+    differences = json.loads((run_dir / "protocol.json").read_text())["checkpoint"]["differences"]
+    assert differences == [
+        {"option": KIND, "trained": "neutreno", "used": "elliptical"},
+        {"option": LAMBD, "trained": 0.4, "used": None},
+    ]
+
+
+def test_a_kind_the_weights_cannot_take_is_refused_by_name(neutreno: Path, tmp_path: Path, digits_cache_dir: Path):
+    refused = subprocess.run(
+        command("test", tmp_path, digits_cache_dir, f"--{KIND}=rpc", "--ckpt_path", neutreno),
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert f"{KIND}=rpc (trained with neutreno)" in error and f"{LAMBD}=null (trained with 0.4)" in error
+    assert not (tmp_path / "runs").exists()
+
+
+def test_test_without_the_experiment_file_runs_the_checkpoints_model(
+    neutreno: Path, tmp_path: Path, digits_cache_dir: Path
+):
+    """``test -c <trainer> --ckpt_path X``: the model comes from the checkpoint; only the data is typed."""
+    data = [
+        "--data.builtin=digits",
+        "--data.image_size=32",
+        "--data.crop_pct=1.0",
+        f"--data.cache_dir={digits_cache_dir}",
+    ]
+    command_line = [
+        sys.executable, "-m", "kpca.vision_cls", "test", "-c", str(CONFIGS / "trainer" / "cpu.yaml"), *data,
+        "--data.eval.subset=16", "--data.eval.corruptions=[]", "--model.evaluator.attacks=[]",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", "--trainer.enable_progress_bar=false",
+        "--ckpt_path", str(neutreno),
+    ]  # fmt: skip
+    done = run_to_the_end(command_line, tmp_path)
+    assert "trained with" not in done.stderr
+    run_dir = tmp_path / "runs" / "lightning_logs" / "version_0"
+    net = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["net"]["init_args"]
+    assert (net["attention"]["kind"], net["attention"]["lambd"], net["embed_dim"]) == ("neutreno", 0.4, 32)
+    assert "checkpoint" not in json.loads((run_dir / "protocol.json").read_text())

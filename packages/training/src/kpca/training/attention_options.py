@@ -93,7 +93,7 @@ def sources(args: Sequence[str] | Mapping | Namespace, subcommand: str) -> list[
         return [Source(0, GIVEN_ARGUMENTS, (), tree.get(subcommand, tree))]
     args = list(args)
     found: list[Source] = []
-    before = subcommand not in args
+    before = subcommand in args  # the main command's arguments come before the subcommand's name
     i = 0
     while i < len(args):
         arg = args[i]
@@ -189,8 +189,10 @@ class DroppedSetting:
 def settle_attention_groups(
     config: Namespace, args: Sequence[str] | Mapping | Namespace, subcommand: str, fallback: str = "the defaults"
 ) -> list[DroppedSetting]:
-    """Drop, in place, the settings of ``config``'s attention groups that their kind does not read and that came
-    from an earlier config file (or ``fallback``); refuse those typed for the kind.
+    """Drop, in place, the attention settings a kind does not read that came before it; refuse those typed for it.
+
+    A setting of one of ``config``'s attention groups that its kind does not read is dropped when it came from a
+    config file given before the one that chose the kind (or from ``fallback``), and refused when it was typed.
 
     Args:
         config: the subcommand's parsed config.

@@ -24,8 +24,8 @@ from pathlib import Path
 import yaml
 
 from kpca.attention import AttentionSpec
-from kpca.attention.spec import KIND_SETTINGS, registered_kind, upgrade_saved_attention
 from kpca.attention.errors import OptionError
+from kpca.attention.spec import KIND_SETTINGS, registered_kind, upgrade_saved_attention
 from kpca.training.checkpointing.trained_options import OptionDifference
 from kpca.training.results.protocol import EvaluationProtocol, read_not_as_trained
 from kpca.training.results.schema import REPORT_ENTRY_POINTS, ReportSchema
@@ -70,9 +70,13 @@ class Run:
 
     @property
     def attention(self) -> dict:
-        """The attention that ran (the evaluation's, else the training's), its kind's settings resolved
-        (:func:`resolved_attention`)."""
-        return resolved_attention(find_attention(self.evaluated_model or self.config.get("model", {})), self.attention_task)
+        """The attention that ran (the evaluation's, else the training's), its settings resolved.
+
+        See :func:`resolved_attention`.
+        """
+        return resolved_attention(
+            find_attention(self.evaluated_model or self.config.get("model", {})), self.attention_task
+        )
 
     @property
     def seed(self) -> object:
@@ -190,9 +194,11 @@ def resolved_attention(attention: Mapping, task: str = "vision") -> dict:
 
 
 def model_label(attention: Mapping) -> str:
-    """A short name of a model from its resolved attention (:func:`resolved_attention`), e.g.
-    ``rpc n_iter=4 lambd=4.0 layers=[0]``: the kind, the settings it reads but ``convention`` at its default, and
-    ``layers`` when not all."""
+    """A short name of a model from its resolved attention, e.g. ``rpc n_iter=4 lambd=4.0 layers=[0]``.
+
+    The kind, the settings it reads (``convention`` only when not ``reference``) and ``layers`` when not all; the
+    attention is resolved by :func:`resolved_attention`.
+    """
     kind = attention.get("kind", "?")
     parts = [str(kind)]
     parts += [
