@@ -110,6 +110,16 @@ def test_fit_then_test_and_predict_from_the_checkpoint(tmp_path: Path, lm_cache_
     assert [p["prompt"] for p in predictions] == ["The", "A function is", "In Python, a class"]
     assert all(p["text"].startswith(p["prompt"]) and len(p["text"]) > len(p["prompt"]) for p in predictions)
 
+    # the checkpoint alone gives the model and the data (its DataModule saved its options): the same perplexities
+    bare = run(
+        "test", "-c", CPU, "--seed_everything=0", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--trainer.enable_progress_bar=false", "--ckpt_path", last,
+    )  # fmt: skip
+    with (Path(bare.trainer.log_dir) / "perplexity.csv").open() as stream:
+        assert {row["set"]: row["ppl_word"] for row in csv.DictReader(stream)} == {
+            name: row["ppl_word"] for name, row in rows.items()
+        }
+
 
 @pytest.mark.slow
 def test_a_killed_fit_resumes_when_the_same_command_is_rerun(tmp_path: Path, lm_cache_dir: Path):

@@ -129,3 +129,17 @@ def test_drop_settings_repeats_the_drops_on_another_parse(rpc_file: str):
     typed = parsed("twicing", n_iter=2)
     drop_settings(typed, dropped)
     assert typed.model.net.init_args.attention.n_iter is None
+
+
+def test_a_kind_switched_at_a_checkpoint_drops_the_checkpoints_settings_even_those_the_new_kind_reads():
+    """NeuTRENO's lambd 0.4 is no PAP sparsity weight: typing kind=rpc over the checkpoint leaves rpc's default."""
+    trained = {"net": {"init_args": {"attention": {"kind": "neutreno", "lambd": 0.4, "layers": "all"}}}}
+    config = parsed("rpc", lambd=0.4)
+    dropped = settle_attention_groups(config, ["test", "--model.net.init_args.attention.kind=rpc"], "test", trained)
+    assert [(s.name, s.where) for s in dropped] == [("lambd", "the checkpoint")]
+    assert config.model.net.init_args.attention.lambd is None
+    typed = parsed("rpc", lambd=2.0)  # a setting typed for the new kind stays
+    args = ["test", "--model.net.init_args.attention.kind=rpc", "--model.net.init_args.attention.lambd=2.0"]
+    assert settle_attention_groups(typed, args, "test", trained) == []
+    same = parsed("neutreno", lambd=0.4)  # no switch: the checkpoint's settings run
+    assert settle_attention_groups(same, ["test"], "test", trained) == []

@@ -63,7 +63,7 @@ class RegisteredKind:
         settings: the :data:`KIND_SETTINGS` it reads, each with its default (used where the spec leaves it None);
             a spec of this kind refuses the others.
         task_settings: the defaults that differ by :data:`Task` (``neutreno``: ``{"language": {"lambd": 0.4}}``).
-        check: checks the kind's resolved settings (raises ValueError naming the bad value), or None.
+        check: checks the kind's settings, filled in for a task (raises ValueError naming the bad value), or None.
     """
 
     name: str
@@ -73,7 +73,7 @@ class RegisteredKind:
     vit_defaults: Mapping[str, Any]
     settings: Mapping[str, Any]
     task_settings: Mapping[str, Mapping[str, Any]]
-    check: Callable[[AttentionSpec], None] | None = None
+    check: Callable[[Any], None] | None = None
 
     def defaults(self, task: str = "vision") -> dict[str, Any]:
         """The default of each setting this kind reads, for ``task``."""
@@ -108,7 +108,7 @@ def register_attention_kind(
     vit_defaults: Mapping[str, Any] | None = None,
     settings: Mapping[str, Any] | None = None,
     task_settings: Mapping[str, Mapping[str, Any]] | None = None,
-    check: Callable[[AttentionSpec], None] | None = None,
+    check: Callable[[Any], None] | None = None,
 ) -> Callable[[Builder], Builder]:
     """Register an attention kind: decorate its :data:`Builder` with this.
 
@@ -128,8 +128,8 @@ def register_attention_kind(
             ``{"lambd": 0.6}``); None or ``{}``: it reads none. A spec of the kind refuses the others.
         task_settings: defaults that differ by :data:`Task`, e.g. ``{"language": {"lambd": 0.4}}``; their names
             must be in ``settings``.
-        check: called with each resolved spec of the kind (every setting it reads filled in); raises ValueError
-            naming a bad value.
+        check: called, for each task, with the spec's fields as attributes and every setting the kind reads filled
+            in (a spec's own ``__post_init__`` runs it); raises ValueError naming a bad value.
 
     Raises:
         ValueError: if ``name`` is no identifier or is registered already, ``others`` is not registered,
@@ -372,7 +372,7 @@ def _symmetric(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Mo
     return SoftmaxAttention(dim, num_heads, symmetric=True, backend=spec.backend, **kwargs)
 
 
-def _check_rpc(spec: AttentionSpec) -> None:
+def _check_rpc(spec: Any) -> None:
     check_pap_args(spec.n_iter, spec.lambd, spec.convention, None)
 
 
@@ -410,7 +410,7 @@ def _twicing(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Modu
     return TwicingAttention(dim, num_heads, backend=spec.backend, **kwargs)
 
 
-def _check_neutreno(spec: AttentionSpec) -> None:
+def _check_neutreno(spec: Any) -> None:
     _check_lambd(spec.lambd)
 
 

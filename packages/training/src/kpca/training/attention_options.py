@@ -187,18 +187,20 @@ class DroppedSetting:
 
 
 def settle_attention_groups(
-    config: Namespace, args: Sequence[str] | Mapping | Namespace, subcommand: str, fallback: str = "the defaults"
+    config: Namespace, args: Sequence[str] | Mapping | Namespace, subcommand: str, trained: Mapping | None = None
 ) -> list[DroppedSetting]:
     """Drop, in place, the attention settings a kind does not read that came before it; refuse those typed for it.
 
     A setting of one of ``config``'s attention groups that its kind does not read is dropped when it came from a
-    config file given before the one that chose the kind (or from ``fallback``), and refused when it was typed.
+    config file given before the one that chose the kind (or from the defaults), and refused when it was typed.
+    With ``trained``, the checkpoint's model options that were the parse's defaults, a group whose kind differs from
+    the checkpoint's drops every setting that nothing typed: the checkpoint's were another kind's.
 
     Args:
         config: the subcommand's parsed config.
         args: the command line it was parsed from (without the program's name), or the arguments given as a dict.
         subcommand: the subcommand (``fit``, ``test``, ...).
-        fallback: where a value that no argument sets comes from (``the defaults``, ``the checkpoint``).
+        trained: the ``--ckpt_path``'s model options, where they stood in for the defaults (None: they did not).
 
     Returns:
         The dropped settings, in order (the caller logs them: :attr:`DroppedSetting.text`).
@@ -209,17 +211,21 @@ def settle_attention_groups(
             read it.
     """
     given = sources(args, subcommand)
+    fallback = "the defaults" if trained is None else "the checkpoint"
     dropped = []
     for group, values in attention_groups(config):
         kind = values.kind
         if not isinstance(kind, str) or kind not in kinds():
             continue  # the parser names an unknown kind
         kind_source = _last_setting(given, group, "kind")
+        switched = trained is not None and _trained_kind(trained, group) not in (None, kind)
         for name in KIND_SETTINGS:
             value = getattr(values, name)
-            if value is None or name in registered_kind(kind).settings:
+            if value is None or (name in registered_kind(kind).settings and not switched):
                 continue
             source = _last_setting(given, group, name)
+            if name in registered_kind(kind).settings and source is not None:
+                continue  # typed for the kind the checkpoint is switched to
             if source is not None and source.file is None:
                 raise OptionError(_refusal(group, name, value, kind, f"--{'.'.join(group)}.{name}", COMMAND_LINE))
             earlier = source is None or (kind_source is not None and source.position < kind_source.position)
@@ -228,6 +234,14 @@ def settle_attention_groups(
             setattr(values, name, None)
             dropped.append(DroppedSetting(group, name, value, fallback if source is None else source.where, kind))
     return dropped
+
+
+def _trained_kind(trained: Mapping, group: Sequence[str]) -> str | None:
+    """The kind of the checkpoint's attention group at ``group`` (``("model", ...)``), if it has one."""
+    node: Any = {"model": trained}
+    for part in group:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node.get("kind") if is_attention_group(node) else None
 
 
 def _last_setting(given: Sequence[Source], group: Sequence[str], key: str) -> Source | None:

@@ -51,6 +51,7 @@ from kpca.training.checkpointing.io import remove_leftover_writes
 from kpca.training.checkpointing.origin import app_command, app_of, check_origin
 from kpca.training.checkpointing.resume import check_checkpoint, resolve_auto_resume
 from kpca.training.checkpointing.trained_options import (
+    CLASS_PATH,
     OptionDifference,
     check_weights_fit,
     option_differences,
@@ -142,8 +143,8 @@ class ProjectCLI(LightningCLI):
     """The arguments the command was given (None: ``sys.argv``), parsed again for what the user typed."""
     trained_differences: list[OptionDifference] = []
     """The model options this run uses that differ from its ``--ckpt_path``'s training (set by parsing)."""
-    _defaults_from_checkpoint: bool = False
-    """Whether the subcommand's defaults are its ``--ckpt_path``'s training options (:meth:`_checkpoint_defaults`)."""
+    _trained: dict | None = None
+    """The ``--ckpt_path``'s model options when they are the subcommand's defaults (:meth:`_checkpoint_defaults`)."""
     dropped_settings: list[DroppedSetting] = []
     """The attention settings that came from earlier config files for a kind that does not read them (set by
     parsing; :mod:`kpca.training.attention_options`)."""
@@ -227,8 +228,7 @@ class ProjectCLI(LightningCLI):
             return
         config = self.config[subcommand]
         given = sys.argv[1:] if args is None else args
-        fallback = "the checkpoint" if self._defaults_from_checkpoint else "the defaults"
-        self.dropped_settings = settle_attention_groups(config, given, subcommand, fallback)
+        self.dropped_settings = settle_attention_groups(config, given, subcommand, self._trained)
         if rank_zero_only.rank == 0:
             for setting in self.dropped_settings:
                 logger.info(setting.text)
@@ -261,19 +261,19 @@ class ProjectCLI(LightningCLI):
         except Exception:  # noqa: BLE001 (any unreadable file: check_origin and Lightning name it later)
             return
         subparser = self._subcommand_parsers[subcommand]
-        self._defaults_from_checkpoint = True
-        for section, options in (("model", trained), ("data", data)):
-            for key, value in options.items():
-                with contextlib.suppress(KeyError, ValueError, TypeError):
-                    subparser.set_defaults({f"{section}.{key}": value})
+        self._trained = trained
+        _set_saved_defaults(subparser, "model", trained)
+        _set_saved_defaults(subparser, "data", data)
 
     def _parse_ckpt_path(self) -> None:
         """Run what the user typed: the checkpoint's model options fill in only the model options not typed.
 
         LightningCLI replaces the whole ``model`` section by the checkpoint's hyper-parameters, silently dropping model
         options typed in config files or on the command line. Here the checkpoint's options take the place of the
-        defaults and every typed option stays (:func:`~kpca.training.checkpointing.trained_options.typed_over_trained`);
-        the options that then differ from the training are kept in :attr:`trained_differences` and logged.
+        defaults and every typed option stays: they were the parse's defaults (:meth:`_checkpoint_defaults`), or, for
+        a ``--ckpt_path`` that only a config file names (and ``fit``'s), what was typed is merged over them
+        (:func:`~kpca.training.checkpointing.trained_options.typed_over_trained`). The options that then differ from
+        the training are kept in :attr:`trained_differences` and logged.
         """
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
@@ -282,11 +282,12 @@ class ProjectCLI(LightningCLI):
         trained = trained_model_options(ckpt_path)
         if not trained:
             return
-        typed_config = self._typed_config()[subcommand]
-        drop_settings(typed_config, self.dropped_settings)
-        typed = typed_config.get("model")
-        merged = typed_over_trained(trained, plain(typed) if typed is not None else {})
-        self.config = self.parser.parse_object({subcommand: {"model": merged}}, self.config)
+        if self._trained is None:  # the checkpoint was no default of the parse: merge what was typed over it
+            typed_config = self._typed_config()[subcommand]
+            drop_settings(typed_config, self.dropped_settings)
+            typed = typed_config.get("model")
+            merged = typed_over_trained(trained, plain(typed) if typed is not None else {})
+            self.config = self.parser.parse_object({subcommand: {"model": merged}}, self.config)
         self.trained_differences = option_differences(trained, plain(self.config[subcommand].model))
         if self.trained_differences and rank_zero_only.rank == 0:
             logger.warning(
@@ -412,6 +413,34 @@ class ProjectCLI(LightningCLI):
         init.version = resume.run_folder.name
         if "purge_step" in init:  # TensorBoard hides the events a killed run wrote after its last checkpoint
             init.purge_step = resume.step
+
+
+def _set_saved_defaults(parser: LightningArgumentParser, prefix: str, options: dict) -> None:
+    """Make saved options ``parser``'s defaults: a group (a dataclass) by its leaves, else each option whole.
+
+    A key the parser does not have (an option renamed since the checkpoint was saved) is left to its default.
+    """
+    for key, value in options.items():
+        dotted = f"{prefix}.{key}"
+        if isinstance(value, dict) and value and CLASS_PATH not in value:
+            try:  # a group's leaves, when the parser has an option for each
+                for leaf, leaf_value in _leaves(dotted, value):
+                    parser.set_defaults({leaf: leaf_value})
+                continue
+            except KeyError:
+                pass
+        with contextlib.suppress(KeyError, ValueError, TypeError):
+            parser.set_defaults({dotted: value})
+
+
+def _leaves(prefix: str, options: dict) -> list[tuple[str, object]]:
+    """``(dotted key, value)`` of each leaf of nested ``options`` (a class spec is a leaf)."""
+    leaves: list[tuple[str, object]] = []
+    for key, value in options.items():
+        dotted = f"{prefix}.{key}"
+        nested = isinstance(value, dict) and value and CLASS_PATH not in value
+        leaves += _leaves(dotted, value) if nested else [(dotted, value)]
+    return leaves
 
 
 def _typed_value(words: list[str], option: str) -> str | None:
