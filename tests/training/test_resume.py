@@ -341,3 +341,72 @@ def test_comparable_ignores_model_compile():
     config = {"model": {"compile": False, "lr": 0.1}, "trainer": {"max_epochs": 3}}
     compiled = {"model": {"compile": {"mode": "max-autotune"}, "lr": 0.1}, "trainer": {"max_epochs": 3}}
     assert comparable(config) == comparable(compiled)
+
+
+def test_a_run_saved_before_each_kind_owned_its_settings_is_the_same_experiment():
+    """``fit --ckpt_path auto`` after the upgrade finds the run: its saved attention groups compare in one form."""
+    group = {"layers": "all", "backend": "auto", "num_tokens": None}
+    saved_then = {
+        "model": {
+            "net": {
+                "init_args": {
+                    "attention": {
+                        "kind": "rpc",
+                        "n_iter": 2,
+                        "lambd": 4.0,
+                        "convention": "reference",
+                        **group,
+                    },
+                    "decoder_attention": {
+                        "kind": "symmetric",
+                        "n_iter": 4,
+                        "lambd": 4.0,
+                        "convention": "reference",
+                        **group,
+                    },
+                }
+            }
+        }
+    }
+    dumped_now = {
+        "model": {
+            "net": {
+                "init_args": {
+                    "attention": {
+                        "kind": "rpc",
+                        "n_iter": 2,
+                        "lambd": None,
+                        "convention": None,
+                        **group,
+                    },
+                    "decoder_attention": {
+                        "kind": "symmetric",
+                        "n_iter": None,
+                        "lambd": None,
+                        "convention": None,
+                        **group,
+                    },
+                }
+            }
+        }
+    }
+    assert comparable(saved_then) == comparable(dumped_now)
+    other = {
+        "model": {
+            "net": {
+                "init_args": {
+                    "attention": {
+                        "kind": "rpc",
+                        "n_iter": 6,
+                        "lambd": None,
+                        "convention": None,
+                        **group,
+                    },
+                    "decoder_attention": dumped_now["model"]["net"]["init_args"]["decoder_attention"],
+                }
+            }
+        }
+    }
+    assert comparable(other) != comparable(dumped_now)
+    neutreno = {"kind": "neutreno", "lambd": None, "n_iter": None, "convention": None, **group}
+    assert comparable(neutreno)["lambd"] is None  # its default depends on the task: left as chosen

@@ -31,10 +31,12 @@ from kpca.attention.errors import OptionError
 from kpca.attention.spec import (
     KIND_SETTINGS,
     SAVED_DEFAULTS,
+    TASKS,
     kinds,
     kinds_reading,
     registered_kind,
     unread_settings_text,
+    upgrade_saved_attention,
 )
 
 logger = logging.getLogger(__name__)
@@ -269,3 +271,26 @@ def drop_settings(config: Namespace, dropped: Sequence[DroppedSetting]) -> None:
 def is_attention_group(value: object) -> bool:
     """Whether a plain config value is an attention group (a mapping of AttentionSpec's fields, ``kind`` among them)."""
     return isinstance(value, Mapping) and "kind" in value and set(value) <= SPEC_FIELDS
+
+
+def comparable_attention(config: object) -> object:
+    """``config`` with each attention group in the form two runs of the same model share, whenever they were saved.
+
+    A group saved before each kind owned its settings holds the former defaults of the settings its kind does not
+    read, and the resolved defaults of those it reads (an RPC config held ``lambd: 4.0`` where one saved now holds
+    ``null``). Here both become one form: unread former defaults dropped, and each setting left None filled with the
+    kind's default where that default is the same for every task (a task's own default, NeuTRENO's ``lambd``, stays
+    None: the task is not known here, and the two values make different models).
+    """
+    if is_attention_group(config):
+        group = upgrade_saved_attention(config)
+        entry = registered_kind(group["kind"]) if group.get("kind") in kinds() else None
+        if entry is not None:
+            for name, default in entry.settings.items():
+                same_for_every_task = all(entry.defaults(task)[name] == default for task in TASKS)
+                if group.get(name) is None and same_for_every_task:
+                    group[name] = default
+        return group
+    if isinstance(config, Mapping):
+        return {key: comparable_attention(value) for key, value in config.items()}
+    return config

@@ -27,6 +27,7 @@ import yaml
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from kpca.attention.errors import OptionError
+from kpca.training.attention_options import comparable_attention
 from kpca.training.run_config import without_keys
 
 logger = logging.getLogger(__name__)
@@ -156,8 +157,12 @@ class AutoResume:
 
 
 def comparable(config: dict) -> dict:
-    """A configuration without the keys that resuming itself sets (:data:`RESUME_IGNORED_KEYS`)."""
-    return without_keys(config, RESUME_IGNORED_KEYS)
+    """A configuration without the keys that resuming itself sets (:data:`RESUME_IGNORED_KEYS`).
+
+    Its attention groups are in the one form that a config saved before each kind owned its settings shares with one
+    saved now (:func:`kpca.training.attention_options.comparable_attention`), so a run started before resumes.
+    """
+    return comparable_attention(without_keys(config, RESUME_IGNORED_KEYS))
 
 
 def saved_config_is(path: Path, current: dict) -> bool:
