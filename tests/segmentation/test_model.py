@@ -183,3 +183,81 @@ def test_segmenter_with_a_robust_kind_trains_with_one_relay_per_stack(kind: str)
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     for relay in (encoder, decoder):
         assert relay is None or (relay.first, relay.previous, relay.next_position) == (None, None, 0)
+
+
+def _elliptical_authors_decoder_state(in_dim: int, dim: int, classes: int, depth: int) -> dict[str, torch.Tensor]:
+    """Random float64 weights in the layout of the Elliptical authors' ADE20K decoder.
+
+    stefvk/Elliptical-Attention ``ADE20K/model/decoder.py`` (``MaskTransformer``) and ``model/blocks.py`` (its
+    ``Block``: ``norm1``, ``attn.qkv`` = ``Linear(dim, 2 * dim)`` giving [K; V], ``attn.proj``, ``norm2``,
+    ``mlp.fc1``, ``mlp.fc2``), as the keys and shapes of their ``state_dict``.
+    """
+    shapes: dict[str, tuple[int, ...]] = {
+        "cls_emb": (1, classes, dim), "proj_dec.weight": (dim, in_dim), "proj_dec.bias": (dim,),
+        "proj_patch": (dim, dim), "proj_classes": (dim, dim), "decoder_norm.weight": (dim,),
+        "decoder_norm.bias": (dim,), "mask_norm.weight": (classes,), "mask_norm.bias": (classes,),
+    }  # fmt: skip
+    for i in range(depth):
+        shapes |= {
+            f"blocks.{i}.norm1.weight": (dim,), f"blocks.{i}.norm1.bias": (dim,),
+            f"blocks.{i}.attn.qkv.weight": (2 * dim, dim), f"blocks.{i}.attn.qkv.bias": (2 * dim,),
+            f"blocks.{i}.attn.proj.weight": (dim, dim), f"blocks.{i}.attn.proj.bias": (dim,),
+            f"blocks.{i}.norm2.weight": (dim,), f"blocks.{i}.norm2.bias": (dim,),
+            f"blocks.{i}.mlp.fc1.weight": (4 * dim, dim), f"blocks.{i}.mlp.fc1.bias": (4 * dim,),
+            f"blocks.{i}.mlp.fc2.weight": (dim, 4 * dim), f"blocks.{i}.mlp.fc2.bias": (dim,),
+        }  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    return {key: 0.3 * torch.randn(shape, generator=generator, dtype=torch.float64) for key, shape in shapes.items()}
+
+
+def _elliptical_authors_decoder(state: dict, tokens: torch.Tensor, grid: tuple[int, int], heads: int) -> torch.Tensor:
+    """Their decoder's forward, restated in float64 from their files: symmetric softmax(K Kᵀ / sqrt(D)) V blocks."""
+    norm = torch.nn.functional.layer_norm  # their nn.LayerNorm: eps 1e-5
+    classes = state["cls_emb"].shape[1]
+    x = tokens @ state["proj_dec.weight"].T + state["proj_dec.bias"]  # (B, N, C)
+    x = torch.cat([x, state["cls_emb"].expand(x.shape[0], -1, -1)], dim=1)  # (B, N + K, C)
+    b, n, c = x.shape
+    for i in range(sum(key.endswith("attn.qkv.weight") for key in state)):
+        p = {key.removeprefix(f"blocks.{i}."): value for key, value in state.items() if key.startswith(f"blocks.{i}.")}
+        y = norm(x, (c,), p["norm1.weight"], p["norm1.bias"], 1e-5)
+        kv = (
+            (y @ p["attn.qkv.weight"].T + p["attn.qkv.bias"]).reshape(b, n, 2, heads, c // heads).permute(2, 0, 3, 1, 4)
+        )
+        k, v = kv[0], kv[1]  # (B, H, N, D) each
+        attention = torch.softmax(k @ k.transpose(-2, -1) * (c // heads) ** -0.5, dim=-1)  # (B, H, N, N)
+        y = (attention @ v).transpose(1, 2).reshape(b, n, c) @ p["attn.proj.weight"].T + p["attn.proj.bias"]
+        x = x + y
+        y = norm(x, (c,), p["norm2.weight"], p["norm2.bias"], 1e-5) @ p["mlp.fc1.weight"].T + p["mlp.fc1.bias"]
+        x = x + torch.nn.functional.gelu(y) @ p["mlp.fc2.weight"].T + p["mlp.fc2.bias"]
+    x = norm(x, (c,), state["decoder_norm.weight"], state["decoder_norm.bias"], 1e-5)
+    patches = x[:, :-classes] @ state["proj_patch"]  # (B, N, C)
+    cls = x[:, -classes:] @ state["proj_classes"]  # (B, K, C)
+    patches, cls = patches / patches.norm(dim=-1, keepdim=True), cls / cls.norm(dim=-1, keepdim=True)
+    masks = norm(patches @ cls.transpose(1, 2), (classes,), state["mask_norm.weight"], state["mask_norm.bias"], 1e-5)
+    return masks.transpose(1, 2).reshape(b, classes, *grid)  # (B, K, Gh, Gw)
+
+
+def test_the_elliptical_authors_decoder_weights_load_into_the_symmetric_decoder_and_compute_theirs():
+    """The Elliptical Segmenter's decoder is symmetric, as its authors built it: their weights load, strictly, and
+    give their forward; a softmax decoder (Segmenter's own) cannot take them."""
+    in_dim, dim, classes, depth, heads, grid = 12, 16, 3, 2, 2, (2, 3)
+    state = _elliptical_authors_decoder_state(in_dim, dim, classes, depth)
+    symmetric = AttentionSpec(kind="symmetric", backend="torch")
+    ours = MaskTransformerHead(in_dim, classes, dim, depth=depth, num_heads=heads, attention=symmetric).double().eval()
+    ours.load_state_dict(state, strict=True)
+    tokens = torch.randn(2, grid[0] * grid[1], in_dim, dtype=torch.float64)
+    expected = _elliptical_authors_decoder(state, tokens, grid, heads)
+    torch.testing.assert_close(ours(tokens, grid), expected, rtol=0, atol=1e-12)
+    softmax = MaskTransformerHead(in_dim, classes, dim, depth=depth, num_heads=heads).double()
+    with pytest.raises(RuntimeError, match=r"size mismatch for blocks.0.attn.qkv.weight"):
+        softmax.load_state_dict(state, strict=True)
+
+
+def test_the_elliptical_segmenter_configs_have_the_authors_symmetric_decoder():
+    import yaml
+
+    configs = Path(__file__).resolve().parents[2] / "configs" / "segmentation"
+    for name, encoder in (("elliptical", "elliptical"), ("softmax-symmetric-decoder", "softmax")):
+        init = yaml.safe_load((configs / f"segmenter-tiny_{name}_8xb1-64e_ade20k-512.yaml").read_text())["model"]
+        init = init["net"]["init_args"]
+        assert (init["attention"]["kind"], init["decoder_attention"]["kind"]) == (encoder, "symmetric")
