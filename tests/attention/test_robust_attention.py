@@ -18,6 +18,7 @@ from kpca.attention import (
 from kpca.attention.errors import OptionError
 from kpca.attention.reference import (
     attention_map,
+    elliptical_attention_reference,
     elliptical_scale_reference,
 )
 
@@ -77,6 +78,39 @@ def test_matches_reference_forward_and_backward(kind, is_causal, mask_kind, padd
     torch.testing.assert_close(out, ref)
     for name, g, g_ref in zip("qkvw", grads, grads_ref, strict=False):
         torch.testing.assert_close(g, g_ref, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_authors_elliptical_matches_its_reference_forward_and_backward(is_causal, padded):
+    """``convention="reference"``: causal, the authors' LM (whole-segment m, no 1/sqrt(D)); else the same as ours."""
+    q, k, v, v_prev = make_inputs()
+    padding = PADDING if padded else None
+    kwargs = {"key_padding_mask": padding, "is_causal": is_causal, "convention": "reference"}
+    valid = valid_rows(padding)
+    out, grads = outputs_and_grads(lambda *t: elliptical_attention(*t, v_prev, **kwargs) * valid, q, k, v)
+    ref, grads_ref = outputs_and_grads(lambda *t: elliptical_attention_reference(*t, v_prev, **kwargs), q, k, v)
+    torch.testing.assert_close(out, ref)
+    for name, g, g_ref in zip("qkv", grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, g_ref, msg=lambda m, name=name: f"d{name}: {m}")
+    ours = elliptical_attention(q, k, v, v_prev, key_padding_mask=padding, is_causal=is_causal)
+    assert torch.equal(ours * valid, out) is (not is_causal)  # vision: the authors' code is ours
+
+
+def test_the_authors_elliptical_lm_sees_later_tokens_and_ours_does_not():
+    q, k, v, v_prev = make_inputs(requires_grad=False)
+    later = v.clone()
+    later[:, :, -1] += 1.0  # change the last token's values only
+    for convention, leaks in (("causal", False), ("reference", True)):
+        before = elliptical_attention(q, k, v, v_prev, is_causal=True, convention=convention)
+        after = elliptical_attention(q, k, later, v_prev, is_causal=True, convention=convention)
+        assert torch.equal(before[:, :, :-1], after[:, :, :-1]) is not leaks, convention
+
+
+def test_elliptical_refuses_an_unknown_convention():
+    q, k, v, v_prev = make_inputs(requires_grad=False)
+    with pytest.raises(ValueError, match=r"convention must be one of \('causal', 'reference'\).*got 'pcp'"):
+        elliptical_attention(q, k, v, v_prev, convention="pcp")
 
 
 @pytest.mark.parametrize("kind", KINDS)

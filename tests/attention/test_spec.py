@@ -62,16 +62,21 @@ def test_each_kind_has_its_settings_and_refuses_the_others():
     rpc = AttentionSpec(kind="rpc", n_iter=2)
     assert (rpc.n_iter, rpc.lambd, rpc.convention) == (2, None, None)  # never written back
     assert (rpc.resolved().n_iter, rpc.resolved().lambd, rpc.resolved().convention) == (2, 4.0, "reference")
-    for kind in ("softmax", "symmetric", "scaled_alpha", "twicing", "elliptical"):  # they read no setting
+    for kind in ("softmax", "symmetric", "scaled_alpha", "twicing"):  # they read no setting
         assert AttentionSpec(kind=kind).resolved() == AttentionSpec(kind=kind)
+    assert AttentionSpec(kind="elliptical").resolved().convention == "causal"  # ours; "reference": the authors'
+    with pytest.raises(ValueError, match="Elliptical's convention must be one of"):
+        AttentionSpec(kind="elliptical", convention="pcp")
+    with pytest.raises(ValueError, match="convention must be one of \\('reference', 'pcp'\\), got 'causal'"):
+        AttentionSpec(kind="rpc", convention="causal")
     with pytest.raises(ValueError, match=r"lambd=0.6: lambd does not apply to kind 'twicing' .*read by rpc, neutreno"):
         AttentionSpec(kind="twicing", lambd=0.6)
     with pytest.raises(ValueError, match=r"n_iter=6: n_iter does not apply to kind 'neutreno' \(it reads lambd;"):
         AttentionSpec(kind="neutreno", n_iter=6)
     with pytest.raises(ValueError, match=r"n_iter=6: n_iter does not apply to kind 'symmetric'.*leave n_iter unset"):
         AttentionSpec(kind="symmetric", n_iter=6)
-    with pytest.raises(ValueError, match="convention='pcp': convention does not apply to kind 'elliptical'"):
-        AttentionSpec(kind="elliptical", convention="pcp")
+    with pytest.raises(ValueError, match="convention='pcp': convention does not apply to kind 'twicing'.*rpc, ellip"):
+        AttentionSpec(kind="twicing", convention="pcp")
     with pytest.raises(ValueError, match="num_tokens=5: num_tokens does not apply to kind 'twicing'.*read by scaled_s"):
         AttentionSpec(kind="twicing", num_tokens=5)
     with pytest.raises(ValueError, match="lambd must be a finite float >= 0"):

@@ -64,6 +64,18 @@ def test_gradients_of_position_t_do_not_reach_later_tokens_with_rpc_everywhere()
     assert grad[10:].abs().sum() == 0
 
 
+def test_the_authors_elliptical_lm_sees_later_tokens_and_ours_does_not():
+    """``convention: reference``: the authors' WikiText-103 Elliptical (a whole-segment estimate, no 1/sqrt(D)); a
+    later token changes earlier positions' logits. The default (``causal``) leaks nothing, bit for bit."""
+    tokens = torch.randint(0, 50, (2, 24))
+    changed = tokens.clone()
+    changed[:, 20] = (changed[:, 20] + 1) % 50
+    for convention, leaks in (("causal", False), ("reference", True)):
+        model = tiny(AttentionSpec(kind="elliptical", convention=convention)).double().eval()
+        assert [block.attn.convention for block in model.blocks] == [convention] * 3
+        assert torch.equal(model(changed)[:, :20], model(tokens)[:, :20]) is not leaks, convention
+
+
 def test_neutreno_left_unset_takes_the_papers_language_lambd():
     """The LM builds with the language defaults: NeuTRENO's lambd 0.4 (0.6 is the images' setting)."""
     model = CausalTransformerLM(

@@ -143,3 +143,22 @@ def test_a_kind_switched_at_a_checkpoint_drops_the_checkpoints_settings_even_tho
     assert settle_attention_groups(typed, args, "test", trained) == []
     same = parsed("neutreno", lambd=0.4)  # no switch: the checkpoint's settings run
     assert settle_attention_groups(same, ["test"], "test", trained) == []
+
+
+def test_an_elliptical_config_saved_before_it_read_convention_runs_as_it_ran(tmp_path: Path):
+    """Then every kind held ``convention: reference`` (the field's default); Elliptical read none and ran ours."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "model:\n  net:\n    init_args:\n      attention: {kind: elliptical, n_iter: 4, convention: reference}\n"
+    )
+    config = parsed("elliptical", n_iter=4, convention="reference")
+    dropped = settle_attention_groups(config, ["test", "-c", str(path)], "test")
+    assert {s.name for s in dropped} == {"n_iter", "convention"}
+    assert config.model.net.init_args.attention.convention is None  # ours, as it ran
+    (saved_before,) = [s for s in dropped if s.saved_before]
+    assert saved_before.text.endswith(
+        "is the former default of a config saved before elliptical read convention: dropped"
+    )
+    chosen = parsed("elliptical", convention="reference")  # saved now: no unread setting, a choice
+    assert settle_attention_groups(chosen, ["test"], "test") == []
+    assert chosen.model.net.init_args.attention.convention == "reference"

@@ -5,7 +5,7 @@ words), with words counted on the original text (:func:`kpca.language_model.corp
 so it does not depend on the tokenizer. With the word tokenizer on ``wiki.*.tokens`` the two are
 equal, and they are the authors' perplexity when the evaluation follows their protocol. The report
 (``perplexity.csv``) is declared for ``kpca-report`` by :data:`PERPLEXITY_REPORT`, registered as the
-``language_model`` report task, with the protocol rules of its two column groups (:data:`PERPLEXITY_PROTOCOLS`,
+``language_model`` report task, with the protocol rules of its two column groups (:func:`perplexity_protocols`,
 docs/protocols.md); ``test`` records the run's protocol next to the report (``protocol.json``, a "Protocol" section).
 """
 
@@ -21,7 +21,7 @@ import torch
 from torchmetrics import Metric
 
 from kpca.attention.errors import OptionError
-from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
+from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, config_entry, record_protocol
 from kpca.training.results.schema import ReportSchema
 from kpca.training.results.tables import markdown_table, write_report
 
@@ -49,27 +49,49 @@ CJK_WORD_SPLIT = (
 )
 """The word-swap difference no setting removes (docs/protocols.md, "LM word swap")."""
 
-PERPLEXITY_PROTOCOLS = (
-    ProtocolRule("clean", r"(train|valid|test)/ppl", SLIDING_WINDOW_PROTOCOL),
-    ProtocolRule(
-        "word_swap",
-        r"(train|valid|test)_wordswap/ppl",
-        (
-            *SLIDING_WINDOW_PROTOCOL,
-            Setting("data.word_swap.protocol", "textattack", name="word_swap"),
-            Setting("data.word_swap.rate", 0.015, name="swap_rate"),
-            Setting("data.word_swap.replacement", "AAA", name="replacement"),
-        ),
-        fixed=(CJK_WORD_SPLIT,),
-    ),
+SEES_LATER_TOKENS = (
+    "this Elliptical model (convention: reference, the authors' code) sees later tokens of its segment when it "
+    "trains and evaluates, as the authors' WikiText-103 model does (its estimate is the segment's mean): its "
+    "perplexity is comparable with the paper's, not with a causal model's"
 )
-"""The protocol rules of ``perplexity.csv``'s column groups: clean and word-swapped perplexity."""
+"""The note of every perplexity group of an Elliptical LM with the authors' convention (docs/protocols.md)."""
+
+
+def model_notes(config: Mapping) -> tuple[str, ...]:
+    """The notes the evaluated model brings to every group (a saved config): the authors' Elliptical sees ahead."""
+    attention = config_entry(config, "model.net.attention")
+    reference = isinstance(attention, Mapping) and attention.get("convention") == "reference"
+    return (SEES_LATER_TOKENS,) if reference and attention.get("kind") == "elliptical" else ()
+
+
+def perplexity_protocols(config: Mapping) -> tuple[ProtocolRule, ...]:
+    """The protocol rules of ``perplexity.csv``'s column groups, clean and word-swapped perplexity, for a run's config.
+
+    Both carry the model's notes (:func:`model_notes`).
+    """
+    notes = model_notes(config)
+    return (
+        ProtocolRule("clean", r"(train|valid|test)/ppl", SLIDING_WINDOW_PROTOCOL, notes=notes),
+        ProtocolRule(
+            "word_swap",
+            r"(train|valid|test)_wordswap/ppl",
+            (
+                *SLIDING_WINDOW_PROTOCOL,
+                Setting("data.word_swap.protocol", "textattack", name="word_swap"),
+                Setting("data.word_swap.rate", 0.015, name="swap_rate"),
+                Setting("data.word_swap.replacement", "AAA", name="replacement"),
+            ),
+            fixed=(CJK_WORD_SPLIT,),
+            notes=notes,
+        ),
+    )
+
 
 PERPLEXITY_REPORT = ReportSchema(
     stem="perplexity",
     read=read_perplexity_report,
     columns=(r"valid/ppl", r"valid_wordswap/ppl", r"test/ppl", r"test_wordswap/ppl"),
-    protocols=PERPLEXITY_PROTOCOLS,
+    protocols=perplexity_protocols,
     attention_task="language",
 )
 """The ``language_model`` report task of ``kpca-report``: what :func:`write_perplexity_report` writes."""

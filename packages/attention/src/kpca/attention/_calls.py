@@ -176,11 +176,12 @@ def elliptical_call(
     key_padding_mask: torch.Tensor | None,
     is_causal: bool,
     dropout_p: float,
+    convention: str = "causal",
 ) -> torch.Tensor:
     """``elliptical_attention(q, k, v, v_prev, ...)`` on (B, H, N, D) tensors: (B, H, N, D)."""
     if torch.jit.is_scripting():
         return refuse_script()
     return elliptical_attention(
         q, k, v, v_prev, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-        dropout_p=dropout_p,
+        dropout_p=dropout_p, convention=convention,
     )  # fmt: skip

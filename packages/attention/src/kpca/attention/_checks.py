@@ -11,7 +11,11 @@ import torch
 from kpca.attention.errors import OptionError
 
 Convention = Literal["reference", "pcp"]
+"""PAP's conventions (RPC): the authors' mu and threshold, or textbook PCP's."""
 CONVENTIONS: tuple[str, ...] = get_args(Convention)
+EllipticalConvention = Literal["causal", "reference"]
+"""Elliptical's: ours (a strictly causal estimate, 1/sqrt(D) kept) or the authors' code (``kpca.attention.robust``)."""
+ELLIPTICAL_CONVENTIONS: tuple[str, ...] = get_args(EllipticalConvention)
 
 
 def check_qkv(**tensors: torch.Tensor) -> tuple[int, int, int, int]:
@@ -114,3 +118,12 @@ def check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b: int, h:
     check_key_padding_mask(key_padding_mask, b, n)
     check_dropout(dropout_p)
     check_scale(scale)
+
+
+def check_elliptical_convention(convention: str) -> None:
+    """Check Elliptical's convention: ``causal`` (ours) or ``reference`` (the authors' code)."""
+    if convention not in ELLIPTICAL_CONVENTIONS:
+        raise OptionError(
+            f"Elliptical's convention must be one of {ELLIPTICAL_CONVENTIONS} (causal: ours, strictly causal; "
+            f"reference: the authors' code), got {convention!r}"
+        )

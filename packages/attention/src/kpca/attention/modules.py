@@ -31,7 +31,12 @@ from kpca.attention._calls import (
     softmax_call,
     twicing_call,
 )
-from kpca.attention._checks import Convention, check_pap_args
+from kpca.attention._checks import (
+    Convention,
+    EllipticalConvention,
+    check_elliptical_convention,
+    check_pap_args,
+)
 from kpca.attention.errors import OptionError
 from kpca.attention.functional import RPCState, rpc_attention
 from kpca.attention.layout import qkv_rows, split_heads
@@ -468,13 +473,24 @@ class EllipticalAttention(_ProjectedAttention):
     (prefix means when causal), without gradient (``kpca.attention.elliptical_attention``); ``V_prev`` is the
     previous block's values of the same forward, detached, taken from the relay (``relay_needs =
     ("previous",)``). At position 0 there is no previous block: plain softmax attention that hands its values on.
-    Takes :class:`SoftmaxAttention`'s arguments (always asymmetric, timm's parameter names, no parameter added).
+    Takes :class:`SoftmaxAttention`'s arguments (always asymmetric, timm's parameter names, no parameter added), and
+    ``convention``: ``causal`` (ours: a strictly causal prefix-mean estimate under causal attention, 1/sqrt(D) kept)
+    or ``reference`` (the authors' code: in a causal model the estimate is the whole segment's mean, which sees
+    later tokens, and the scores drop 1/sqrt(D); the same as ours in a non-causal one).
     """
 
     relay_needs = ("previous",)
 
-    def __init__(self, dim: int, num_heads: int = 8, **kwargs: Unpack[AttentionOptions]) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        convention: EllipticalConvention = "causal",
+        **kwargs: Unpack[AttentionOptions],
+    ) -> None:
+        check_elliptical_convention(convention)
         super().__init__(dim, num_heads, False, **kwargs)
+        self.convention = convention
 
     def _attend(
         self,
@@ -490,5 +506,7 @@ class EllipticalAttention(_ProjectedAttention):
             v_prev = self._relay().previous_for(self.relay_position)  # (B, H, N, D) of the block before, or None
             if v_prev is None:
                 return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, self.backend)
-            return elliptical_call(q, k, v, v_prev, attn_mask, key_padding_mask, is_causal, dropout_p)
+            return elliptical_call(
+                q, k, v, v_prev, attn_mask, key_padding_mask, is_causal, dropout_p, self.convention
+            )  # fmt: skip
         return refuse_script()

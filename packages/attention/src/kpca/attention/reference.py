@@ -268,11 +268,23 @@ def elliptical_attention_reference(
     key_padding_mask: torch.Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
+    convention: str = "causal",
 ) -> torch.Tensor:
-    """Elliptical attention over (B, H, N, D): softmax attention on the queries times the detached scale m."""
+    """Elliptical attention over (B, H, N, D): softmax attention on the queries times the detached scale m.
+
+    ``convention="reference"`` with ``is_causal``: the authors' LM (lmtool-fwms ``mem_transformer.py``), m from all
+    the segment's rows (the estimator of their vision code, seeing later tokens) and scores without 1/sqrt(D).
+    """
+    authors_lm = convention == "reference" and is_causal
     m = elliptical_scale_reference(
-        v.detach(), v_prev.detach(), delta=delta, is_causal=is_causal, key_padding_mask=key_padding_mask
+        v.detach(),
+        v_prev.detach(),
+        delta=delta,
+        is_causal=is_causal and not authors_lm,
+        key_padding_mask=key_padding_mask,
     )  # (B, H, 1 | N, D)
+    if authors_lm and scale is None:
+        scale = 1.0
     return softmax_attention_reference(
         q * m, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale
     )

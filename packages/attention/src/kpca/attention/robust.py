@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kpca.attention import _checks
+from kpca.attention._checks import EllipticalConvention
 from kpca.attention._masks import combine_masks, masked_sdpa
 from kpca.attention.errors import OptionError
 
@@ -162,12 +163,18 @@ def elliptical_attention(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    convention: EllipticalConvention = "causal",
 ) -> torch.Tensor:
     """Elliptical attention ``softmax((q * m) kᵀ · scale + mask) v`` with m = :func:`elliptical_scale`.
 
     m rescales each query (per position when causal), so the attention stays one SDPA call with the same
     causality and masks. m carries no gradient (the reference treats it as a constant): q, k and v get the
     gradients of softmax attention on the rescaled queries, ``v_prev`` gets none.
+
+    ``convention="reference"`` is the authors' code. Non-causal (their vision models) it is the same as ours. Causal
+    (their WikiText-103 model, lmtool-fwms ``mem_transformer.py`` 378, 397, 513-514) m is the mean over the whole
+    segment, so every position's queries depend on later tokens of the segment, and the scores are not scaled by
+    1/sqrt(D) (``scale`` None means 1 there): the output at t is not causal in the tokens, only the attention mask is.
 
     Args:
         q, k, v: (B, H, N, D) tensors of one dtype and device.
@@ -177,14 +184,21 @@ def elliptical_attention(
             positions are unspecified (finite).
         is_causal: causal attention and a prefix-mean m (strictly causal).
         dropout_p: dropout on the attention probabilities.
-        scale: softmax scale, default 1 / sqrt(D).
+        scale: softmax scale, default 1 / sqrt(D) (1 for ``convention="reference"`` with ``is_causal``).
+        convention: ``causal`` (ours) or ``reference`` (the authors' code, see above).
 
     Returns:
         (B, H, N, D) output in the dtype of v.
     """
     b, h, n, _ = _checks.check_qkv(q=q, k=k, v=v, v_prev=v_prev)
     _checks.check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
-    m = elliptical_scale(v, v_prev, is_causal=is_causal, key_padding_mask=key_padding_mask)  # (B, H, 1 | N, D)
+    _checks.check_elliptical_convention(convention)
+    authors_lm = convention == "reference" and is_causal
+    m = elliptical_scale(
+        v, v_prev, is_causal=is_causal and not authors_lm, key_padding_mask=key_padding_mask
+    )  # (B, H, 1 | N, D)
+    if authors_lm and scale is None:
+        scale = 1.0
     return masked_sdpa(q * m, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, scale)
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 from torch import nn
 
 from kpca.attention._backend import Backend, check_backend
-from kpca.attention._checks import Convention, check_pap_args
+from kpca.attention._checks import Convention, EllipticalConvention, check_elliptical_convention, check_pap_args
 from kpca.attention.errors import OptionError
 from kpca.attention.modules import (
     AlphaAsymAttention,
@@ -208,19 +208,27 @@ def unread_settings_text(kind: str, setting: str) -> str:
     return f"{setting} does not apply to kind {kind!r} (it reads {reads}; {setting} is read by {readers})"
 
 
+READ_SINCE: Mapping[str, tuple[str, ...]] = MappingProxyType({"elliptical": ("convention",)})
+"""Settings a kind reads now that it did not read when every kind held every setting: a save from then holds them at
+the former default, which chose nothing (an Elliptical run of then holds ``convention: reference``: it ran ours)."""
+
+
 def upgrade_saved_attention(attention: Mapping[str, Any]) -> dict[str, Any]:
     """A saved attention group (a run's ``config.yaml``, a checkpoint's hyper-parameters) as an AttentionSpec takes it.
 
-    Configs and checkpoints saved before each kind owned its settings hold every setting: the ones their kind does
-    not read at the former defaults (:data:`SAVED_DEFAULTS`). Those are set to None; everything else is kept as
+    Configs and checkpoints saved before each kind owned its settings hold every setting (a save of today holds the
+    ones its kind does not read as None): the ones their kind does not read at the former defaults
+    (:data:`SAVED_DEFAULTS`), and those of :data:`READ_SINCE` too. Those are set to None; everything else is kept as
     saved (an unknown kind too, for the parser to refuse by name).
     """
     upgraded = dict(attention)
     entry = _REGISTRY.get(upgraded.get("kind")) if isinstance(upgraded.get("kind"), str) else None
     if entry is None:
         return upgraded
+    from_before = any(name not in entry.settings and upgraded.get(name) is not None for name in KIND_SETTINGS)
     for name in KIND_SETTINGS:
-        if name not in entry.settings and upgraded.get(name) in SAVED_DEFAULTS[name]:
+        formerly_unread = from_before and name in READ_SINCE.get(entry.name, ())
+        if (name not in entry.settings or formerly_unread) and upgraded.get(name) in SAVED_DEFAULTS[name]:
             upgraded[name] = None
     return upgraded
 
@@ -253,8 +261,9 @@ class AttentionSpec:
             the other built-in kinds leave them as they are (see :meth:`per_block`). NeuTRENO and Elliptical in
             block 0 are plain softmax attention (there is no earlier block), so ``"all"`` is the papers' blocks
             2 to the last.
-        convention: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP); ``rpc`` only (None:
-            ``reference``).
+        convention: ``rpc``: ``reference`` (the authors' mu and threshold) or ``pcp`` (textbook PCP), None:
+            ``reference``. ``elliptical``: ``causal`` (ours, strictly causal in a causal model) or ``reference`` (the
+            authors' code: in the LM a whole-segment estimate that sees later tokens, no 1/sqrt(D)), None: ``causal``.
         backend: ``auto``, ``torch`` or ``triton`` (see ``kpca.attention.set_backend``).
         num_tokens: N for ``scaled_s`` (its S is N x N); None lets ``swap_attention`` read it from a timm
             ViT (patches + prefix tokens).
@@ -269,7 +278,7 @@ class AttentionSpec:
     n_iter: int | None = None
     lambd: float | None = None
     layers: Literal["all"] | list[int] = "all"
-    convention: Convention | None = None
+    convention: Convention | EllipticalConvention | None = None
     backend: Backend = "auto"
     num_tokens: int | None = None
 
@@ -425,6 +434,12 @@ def _neutreno(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Mod
     return NeuTRENOAttention(dim, num_heads, lambd=spec.lambd, backend=spec.backend, **kwargs)
 
 
-@register_attention_kind("elliptical", others="softmax")
+def _check_elliptical(spec: Any) -> None:
+    check_elliptical_convention(spec.convention)
+
+
+@register_attention_kind(
+    "elliptical", others="softmax", settings={"convention": "causal"}, check=_check_elliptical
+)  # causal: ours; reference: the authors' code (their LM's whole-segment estimate, no 1/sqrt(D))
 def _elliptical(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
-    return EllipticalAttention(dim, num_heads, backend=spec.backend, **kwargs)
+    return EllipticalAttention(dim, num_heads, convention=spec.convention, backend=spec.backend, **kwargs)

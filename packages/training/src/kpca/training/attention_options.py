@@ -30,6 +30,7 @@ from kpca.attention import AttentionSpec
 from kpca.attention.errors import OptionError
 from kpca.attention.spec import (
     KIND_SETTINGS,
+    READ_SINCE,
     SAVED_DEFAULTS,
     TASKS,
     kinds,
@@ -181,11 +182,16 @@ class DroppedSetting:
     value: Any
     where: str
     kind: str
+    saved_before: bool = False
+    """A setting the kind reads now, at the former default of a config saved before it did (it chose nothing)."""
 
     @property
     def text(self) -> str:
         """``attention.n_iter=2 from <file> does not apply to twicing: dropped``."""
-        return f"{self.group[-1]}.{self.name}={self.value!r} from {self.where} does not apply to {self.kind}: dropped"
+        setting = f"{self.group[-1]}.{self.name}={self.value!r} from {self.where}"
+        if self.saved_before:
+            return f"{setting} is the former default of a config saved before {self.kind} read {self.name}: dropped"
+        return f"{setting} does not apply to {self.kind}: dropped"
 
 
 def settle_attention_groups(
@@ -221,6 +227,7 @@ def settle_attention_groups(
             continue  # the parser names an unknown kind
         kind_source = _last_setting(given, group, "kind")
         switched = trained is not None and _trained_kind(trained, group) not in (None, kind)
+        dropped += _formerly_unread(group, values, given)
         for name in KIND_SETTINGS:
             value = getattr(values, name)
             if value is None or (name in registered_kind(kind).settings and not switched):
@@ -235,6 +242,26 @@ def settle_attention_groups(
                 raise OptionError(_refusal(group, name, value, kind, f"{name} from {source.where}", source.where))
             setattr(values, name, None)
             dropped.append(DroppedSetting(group, name, value, fallback if source is None else source.where, kind))
+    return dropped
+
+
+def _formerly_unread(group: tuple[str, ...], values: Namespace, given: Sequence[Source]) -> list[DroppedSetting]:
+    """Drop, in place, the :data:`~kpca.attention.spec.READ_SINCE` settings of a group saved before its kind read them.
+
+    Such a group holds a setting its kind does not read (every setting was saved then), and the newer setting at its
+    former default, which chose nothing; one typed on the command line stays.
+    """
+    kind = values.kind
+    unread = [name for name in KIND_SETTINGS if name not in registered_kind(kind).settings]
+    if not any(getattr(values, name) is not None for name in unread):
+        return []
+    dropped = []
+    for name in READ_SINCE.get(kind, ()):
+        value, source = getattr(values, name), _last_setting(given, group, name)
+        if value in SAVED_DEFAULTS[name] and (source is None or source.file is not None):
+            setattr(values, name, None)
+            where = "the defaults" if source is None else source.where
+            dropped.append(DroppedSetting(group, name, value, where, kind, saved_before=True))
     return dropped
 
 

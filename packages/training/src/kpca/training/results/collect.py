@@ -25,7 +25,7 @@ import yaml
 
 from kpca.attention import AttentionSpec
 from kpca.attention.errors import OptionError
-from kpca.attention.spec import KIND_SETTINGS, registered_kind, upgrade_saved_attention
+from kpca.attention.spec import KIND_SETTINGS, kinds, registered_kind, upgrade_saved_attention
 from kpca.training.checkpointing.trained_options import OptionDifference
 from kpca.training.results.protocol import EvaluationProtocol, read_not_as_trained
 from kpca.training.results.schema import REPORT_ENTRY_POINTS, ReportSchema
@@ -196,15 +196,16 @@ def resolved_attention(attention: Mapping, task: str = "vision") -> dict:
 def model_label(attention: Mapping) -> str:
     """A short name of a model from its resolved attention, e.g. ``rpc n_iter=4 lambd=4.0 layers=[0]``.
 
-    The kind, the settings it reads (``convention`` only when not ``reference``) and ``layers`` when not all; the
+    The kind, the settings it reads (``convention`` only when not the kind's default) and ``layers`` when not all; the
     attention is resolved by :func:`resolved_attention`.
     """
     kind = attention.get("kind", "?")
+    default_convention = registered_kind(kind).settings.get("convention") if kind in kinds() else None
     parts = [str(kind)]
     parts += [
         f"{name}={attention[name]}"
         for name in ("n_iter", "lambd", "convention")
-        if attention.get(name) is not None and (name, attention[name]) != ("convention", "reference")
+        if attention.get(name) is not None and (name, attention[name]) != ("convention", default_convention)
     ]
     if attention.get("layers", "all") != "all":
         parts.append(f"layers={attention.get('layers')}")

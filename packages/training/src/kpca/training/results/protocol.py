@@ -151,6 +151,9 @@ class ProtocolRule:
         complete_when: a metric the report holds only when the group's whole benchmark ran (``imagenet_c/mCE``);
             when a run's metrics have some of the group's columns but not this one, ``incomplete`` is a difference.
         incomplete: the difference named then.
+        notes: what a reader must know to compare the group's numbers that is no difference from the authors'
+            protocol (e.g. a model that, as the authors', sees later tokens): shown with the protocol, never
+            making it ``ours``.
     """
 
     group: str
@@ -159,6 +162,7 @@ class ProtocolRule:
     fixed: tuple[str, ...] = ()
     complete_when: str | None = None
     incomplete: str = ""
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.group:
@@ -187,11 +191,13 @@ class EvaluationProtocol:
         group: the column group.
         columns: the regular expression of the group's report metrics.
         differences: each way the run differs from the authors' protocol; empty when it is theirs.
+        notes: the rule's notes (:attr:`ProtocolRule.notes`).
     """
 
     group: str
     columns: str
     differences: tuple[str, ...]
+    notes: tuple[str, ...] = ()
 
     @property
     def comparable_with_published(self) -> bool:
@@ -200,8 +206,9 @@ class EvaluationProtocol:
 
     @property
     def text(self) -> str:
-        """``published``, or ``ours: <difference>; <difference>; ...``."""
-        return PUBLISHED if self.comparable_with_published else "ours: " + "; ".join(self.differences)
+        """``published``, or ``ours: <difference>; <difference>; ...``, then ``; note: <note>`` for each note."""
+        text = PUBLISHED if self.comparable_with_published else "ours: " + "; ".join(self.differences)
+        return text + "".join(f"; note: {note}" for note in self.notes)
 
     def covers(self, metric: str) -> bool:
         """Whether ``metric`` is one of the group's columns."""
@@ -232,7 +239,7 @@ def protocol_of(
         differences += rule.fixed
         if measured is not None and rule.complete_when is not None and rule.complete_when not in present:
             differences.append(rule.incomplete)
-        protocols[rule.group] = EvaluationProtocol(rule.group, rule.columns, tuple(differences))
+        protocols[rule.group] = EvaluationProtocol(rule.group, rule.columns, tuple(differences), rule.notes)
     return protocols
 
 
@@ -248,6 +255,7 @@ def protocol_record(protocols: Mapping[str, EvaluationProtocol]) -> dict[str, di
             "protocol": protocol.text,
             "comparable_with_published": protocol.comparable_with_published,
             "differences": list(protocol.differences),
+            **({"notes": list(protocol.notes)} if protocol.notes else {}),
         }
         for group, protocol in protocols.items()
     }
