@@ -26,7 +26,8 @@ def tiny(kind: str = "symmetric", num_classes: int = 5, **kwargs) -> ViTClassifi
     """A 2-block, 32-wide classifier on 32 px images (4 x 4 patches), without stochastic depth, in eval mode."""
     layers = [0] if kind == "rpc" else "all"
     args = {**TINY, "num_classes": num_classes, "drop_path_rate": 0.0, **kwargs}
-    return ViTClassifier("deit_tiny", attention=AttentionSpec(kind=kind, n_iter=2, layers=layers), **args).eval()
+    attention = AttentionSpec(kind=kind, n_iter=2 if kind == "rpc" else None, layers=layers)
+    return ViTClassifier("deit_tiny", attention=attention, **args).eval()
 
 
 def num_params(model: torch.nn.Module) -> int:
