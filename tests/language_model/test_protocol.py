@@ -71,24 +71,24 @@ def rows() -> list[dict]:
     return [{"set": "valid", **row}, {"set": "valid_wordswap", **row, "ppl_word": 4.0}]
 
 
-def test_the_authors_elliptical_lm_report_says_it_sees_later_tokens(tmp_path: Path):
-    (experiment,) = [path for path in PUBLISHED if "elliptical" in path.stem]
+def report_of(kind: str, folder: Path) -> dict:
+    """``protocol.json`` of a report written beside the shipped ``_published`` config of ``kind``."""
+    (experiment,) = [path for path in PUBLISHED if f"_{kind}_" in path.stem]
     config = yaml.safe_load(experiment.read_text())
     config["trainer"] |= {"limit_test_batches": None, "fast_dev_run": False}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    write_perplexity_report(rows(), tmp_path)
-    record = json.loads((tmp_path / "protocol.json").read_text())
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    write_perplexity_report(rows(), folder)
+    return json.loads((folder / "protocol.json").read_text())
+
+
+def test_the_authors_elliptical_lm_report_says_it_sees_later_tokens(tmp_path: Path):
+    record = report_of("elliptical", tmp_path)
     assert record["clean"]["comparable_with_published"] is True and record["clean"]["notes"] == [SEES_LATER_TOKENS]
     assert f"- `clean`: published; note: {SEES_LATER_TOKENS}" in (tmp_path / "perplexity.md").read_text()
 
 
 def test_the_report_records_the_protocol_of_the_config_saved_beside_it(tmp_path: Path):
-    (softmax,) = [path for path in PUBLISHED if "softmax" in path.stem]
-    config = yaml.safe_load(softmax.read_text())
-    config["trainer"] |= {"limit_test_batches": None, "fast_dev_run": False}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    write_perplexity_report(rows(), tmp_path)
-    record = json.loads((tmp_path / "protocol.json").read_text())
+    record = report_of("softmax", tmp_path)
     assert record["clean"] == {"protocol": "published", "comparable_with_published": True, "differences": []}
     assert record["word_swap"]["comparable_with_published"] is False
     assert record["word_swap"]["differences"] == [CJK_WORD_SPLIT]

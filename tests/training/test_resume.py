@@ -343,70 +343,21 @@ def test_comparable_ignores_model_compile():
     assert comparable(config) == comparable(compiled)
 
 
+def _saved(attention: dict, decoder_attention: dict) -> dict:
+    """A saved config holding two attention groups (Segmenter's), with the fields every group saves."""
+    every = {"layers": "all", "backend": "auto", "num_tokens": None}
+    groups = {"attention": {**attention, **every}, "decoder_attention": {**decoder_attention, **every}}
+    return {"model": {"net": {"init_args": groups}}}
+
+
 def test_a_run_saved_before_each_kind_owned_its_settings_is_the_same_experiment():
     """``fit --ckpt_path auto`` after the upgrade finds the run: its saved attention groups compare in one form."""
-    group = {"layers": "all", "backend": "auto", "num_tokens": None}
-    saved_then = {
-        "model": {
-            "net": {
-                "init_args": {
-                    "attention": {
-                        "kind": "rpc",
-                        "n_iter": 2,
-                        "lambd": 4.0,
-                        "convention": "reference",
-                        **group,
-                    },
-                    "decoder_attention": {
-                        "kind": "symmetric",
-                        "n_iter": 4,
-                        "lambd": 4.0,
-                        "convention": "reference",
-                        **group,
-                    },
-                }
-            }
-        }
-    }
-    dumped_now = {
-        "model": {
-            "net": {
-                "init_args": {
-                    "attention": {
-                        "kind": "rpc",
-                        "n_iter": 2,
-                        "lambd": None,
-                        "convention": None,
-                        **group,
-                    },
-                    "decoder_attention": {
-                        "kind": "symmetric",
-                        "n_iter": None,
-                        "lambd": None,
-                        "convention": None,
-                        **group,
-                    },
-                }
-            }
-        }
-    }
+    then = {"n_iter": 4, "lambd": 4.0, "convention": "reference"}  # every setting saved, at the former defaults
+    now = dict.fromkeys(("n_iter", "lambd", "convention"))  # what was chosen: nothing
+    saved_then = _saved({"kind": "rpc", **then, "n_iter": 2}, {"kind": "symmetric", **then})
+    dumped_now = _saved({"kind": "rpc", **now, "n_iter": 2}, {"kind": "symmetric", **now})
     assert comparable(saved_then) == comparable(dumped_now)
-    other = {
-        "model": {
-            "net": {
-                "init_args": {
-                    "attention": {
-                        "kind": "rpc",
-                        "n_iter": 6,
-                        "lambd": None,
-                        "convention": None,
-                        **group,
-                    },
-                    "decoder_attention": dumped_now["model"]["net"]["init_args"]["decoder_attention"],
-                }
-            }
-        }
-    }
+    other = _saved({"kind": "rpc", **now, "n_iter": 6}, {"kind": "symmetric", **now})
     assert comparable(other) != comparable(dumped_now)
-    neutreno = {"kind": "neutreno", "lambd": None, "n_iter": None, "convention": None, **group}
+    neutreno = {"kind": "neutreno", **now, "layers": "all"}
     assert comparable(neutreno)["lambd"] is None  # its default depends on the task: left as chosen
