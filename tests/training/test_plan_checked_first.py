@@ -172,3 +172,19 @@ def test_a_plan_switching_kinds_by_one_word_validates(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write_plan(tmp_path, second_run=("--model.net.init_args.attention.kind=elliptical",))
     assert validate_plan(load_plan(path)) == 4
+
+
+@pytest.mark.parametrize(("app", "group"), [("segmentation", "decoder_attention"), ("language_model", "attention")])
+def test_validate_builds_the_network_of_every_app(tmp_path, monkeypatch, app, group):
+    """Segmenter's decoder and the LM's blocks are built too (on the meta device): a block past the depth is refused."""
+    monkeypatch.chdir(tmp_path)
+    plan = {
+        "name": "far", "app": app, "out": "runs/far", "seeds": [0],
+        "common": {"configs": [str(CPU), str(CONFIGS / app / "smoke.yaml")]},
+        "runs": [{"name": "far", "overrides": [f"--model.net.init_args.{group}.layers=[5]"]}],
+        "steps": [{"name": "fit"}],
+    }  # fmt: skip
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan), encoding="utf-8")
+    with pytest.raises(cli.ValidationError, match=r"(?s)run 'far', step 'fit'.*layers \[5\] out of range"):
+        validate_plan(load_plan(path))

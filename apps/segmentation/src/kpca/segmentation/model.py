@@ -75,7 +75,7 @@ class MaskTransformerHead(nn.Module):
             raise OptionError(f"decoder width {dim} is not divisible by num_heads={num_heads}; pick a divisor")
         self.num_classes = num_classes
         self.proj_dec = nn.Linear(in_dim, dim)
-        rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # numbers, on any default device
         self.blocks = nn.ModuleList(
             Block(
                 dim,
