@@ -1,8 +1,9 @@
-"""TwicingAttention, NeuTRENOAttention, EllipticalAttention and the relay: modules, ViTs, state, compile.
+"""TwicingAttention, NeuTRENOAttention, EllipticalAttention and their earlier values: modules, ViTs, state, compile.
 
-Each module equals its function (and the float64 reference) forward and backward; in a ViT, Elliptical's block l
-uses block l - 1's values and NeuTRENO's every block block 0's (a hand-run of the blocks), NeuTRENO's gradients
-reach block 0's ``qkv``; nothing outlives a forward; checkpoints are DeiT's; ``torch.compile`` matches eager.
+Each module equals its function (and the float64 reference) forward and backward, given the earlier block's values
+as arguments; in a ViT, Elliptical's block l uses block l - 1's values and NeuTRENO's every block block 0's (a
+hand-run of the blocks), NeuTRENO's gradients reach block 0's ``qkv``; no module holds a tensor after a forward;
+checkpoints are DeiT's; ``torch.compile`` and TorchScript match eager.
 """
 
 import copy
@@ -18,12 +19,14 @@ from kpca.attention import (
     SoftmaxAttention,
     TwicingAttention,
     elliptical_attention,
-    install_relay,
+    index_attention_blocks,
     neutreno_attention,
     softmax_attention,
 )
 from kpca.attention.errors import OptionError
+from kpca.attention.swap import swap_attention
 from kpca.attention.vit import create_vit
+from tests.values_per_call import held_tensors
 
 from .helpers import NEUTRENO_LAMBD, ROBUST_FUNCTIONS, ROBUST_REFERENCES
 
@@ -46,13 +49,20 @@ def merged(attn: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
 
 
 def pair(kind: str, is_causal: bool = False) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """Block 0 (softmax) and block 1 (``kind``) attention in float64, sharing one relay."""
+    """Block 0 (softmax) and block 1 (``kind``) attention in float64, indexed as one stack."""
     first = SoftmaxAttention(DIM, HEADS, qkv_bias=True, is_causal=is_causal).double()
     second = AttentionSpec(kind=kind, lambd=NEUTRENO_LAMBD if kind == "neutreno" else None).build(
         DIM, HEADS, qkv_bias=True, is_causal=is_causal
     )
-    install_relay([first, second.double()])
+    index_attention_blocks([first, second.double()])
     return first, second
+
+
+def second_block(first: torch.nn.Module, second: torch.nn.Module, x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
+    """Block 1's (B, N, C) output on ``x1`` given block 0's values on ``x0``, as a model's loop passes them."""
+    values: list[torch.Tensor] = []
+    first(x0, values_out=values)  # block 0's (B, H, N, D) values into the list
+    return second(x1, first_values=values[0], previous_values=values[0])
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -63,8 +73,7 @@ def test_module_equals_its_function_and_the_reference_forward_and_backward(kind:
     weights = torch.randn(2, N, DIM, dtype=torch.float64)
     params = [x0, x1, *first.parameters(), *second.parameters()]
 
-    first(x0)
-    out = second(x1)  # (B, N, C)
+    out = second_block(first, second, x0, x1)  # (B, N, C)
     grads = torch.autograd.grad((out * weights).sum(), params, allow_unused=True)
     for fn in (FUNCTION[kind], REFERENCE[kind]):
         v0 = heads(first, x0)[2]  # block 0's values (B, H, N, D)
@@ -82,16 +91,14 @@ def test_module_equals_its_function_and_the_reference_forward_and_backward(kind:
 def test_neutreno_with_lambda_zero_is_softmax_and_its_gradients_reach_only_block_0s_value_rows():
     first, second = pair("neutreno")
     x0, x1 = torch.randn(2, N, DIM, dtype=torch.float64), torch.randn(2, N, DIM, dtype=torch.float64)
-    first(x0)
-    second(x1).sum().backward()
+    second_block(first, second, x0, x1).sum().backward()
     rows = first.qkv.weight.grad.abs().sum(dim=1)  # (3C,) [Q; K; V]
     assert rows[: 2 * DIM].eq(0).all() and rows[2 * DIM :].gt(0).all()
     off = NeuTRENOAttention(DIM, HEADS, lambd=0.0).double()
     plain = SoftmaxAttention(DIM, HEADS).double()
     plain.load_state_dict(off.state_dict())
-    install_relay([first, off])
-    first(x0)
-    torch.testing.assert_close(off(x1), plain(x1), rtol=0, atol=0)
+    index_attention_blocks([first, off])
+    torch.testing.assert_close(second_block(first, off, x0, x1), plain(x1), rtol=0, atol=0)
 
 
 def test_twicing_refuses_attention_dropout_and_every_module_keeps_deits_parameters():
@@ -104,15 +111,22 @@ def test_twicing_refuses_attention_dropout_and_every_module_keeps_deits_paramete
         module.load_state_dict(deit)
 
 
-def test_a_relay_needing_module_without_a_relay_or_out_of_order_names_the_fix():
-    with pytest.raises(ValueError, match="EllipticalAttention takes values from earlier blocks and has no relay"):
-        EllipticalAttention(DIM, HEADS)(torch.randn(1, N, DIM))
+def test_a_module_reading_earlier_values_called_without_them_or_in_a_loop_that_cannot_pass_them_names_the_fix():
+    alone = EllipticalAttention(DIM, HEADS).double()  # a module on its own is block 0: plain softmax attention
+    plain = SoftmaxAttention(DIM, HEADS).double()
+    plain.load_state_dict(alone.state_dict())
+    x = torch.randn(1, N, DIM, dtype=torch.float64)
+    assert torch.equal(alone(x), plain(x))
     first, second = pair("neutreno")
-    with pytest.raises(RuntimeError, match=r"attention block 1 asks for the first block's values, but blocks 0..0"):
-        second(torch.randn(1, N, DIM, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"attention in block 1 reads the first block's values .* did not pass them"):
+        second(x)  # timm's call, no values
     vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TINY)
-    with pytest.raises(ValueError, match=r"blocks \[0, 1, 2\] of the ViT have attention that cannot hand on"):
-        install_relay([*(b.attn for b in vit.blocks), NeuTRENOAttention(32, 2)], owner="the ViT")
+    with pytest.raises(ValueError, match=r"blocks \[0, 1, 2\] of the ViT have attention that returns no values"):
+        index_attention_blocks([*(b.attn for b in vit.blocks), NeuTRENOAttention(32, 2)], owner="the ViT")
+    before = {name: type(module) for name, module in vit.named_modules()}
+    with pytest.raises(ValueError, match=r"kind 'neutreno' reads earlier blocks' values, which the loop over "):
+        swap_attention(vit, AttentionSpec(kind="neutreno"))  # timm's nn.Sequential of blocks cannot pass them
+    assert {name: type(module) for name, module in vit.named_modules()} == before  # refused before any change
 
 
 def vit(kind: str, **kwargs) -> torch.nn.Module:
@@ -166,14 +180,9 @@ def test_neutreno_gradients_reach_block_0s_qkv_through_every_later_block():
 def test_nothing_outlives_a_forward_and_checkpoints_are_deits(kind: str):
     model = vit(kind).train()
     fresh = copy.deepcopy(model)
-    relay = model.blocks[0].attn.relay
-    assert (relay is None) == (kind == "twicing")  # a kind that needs none gets none
-    assert all(b.attn.relay is relay for b in model.blocks)
-    assert relay is None or fresh.blocks[0].attn.relay is not relay  # a copy has its own
     first, second = torch.randn(2, 3, 32, 32, dtype=torch.float64), torch.randn(2, 3, 32, 32, dtype=torch.float64)
     model(first).sum().backward()
-    if relay is not None:
-        assert (relay.first, relay.previous, relay.next_position) == (None, None, 0)
+    assert held_tensors(model) == []  # the values of a forward lived in its loop's local variables only
     torch.testing.assert_close(model(second), fresh(second), rtol=0, atol=0)
     deit = timm.create_model("deit_tiny_patch16_224", pretrained=False, **TINY).double()
     assert model.state_dict().keys() == deit.state_dict().keys()
@@ -198,16 +207,35 @@ def test_compiled_vit_matches_eager_without_graph_breaks(kind: str):
     torch.testing.assert_close(comp, eager)
     for got, want in zip(comp_grads, eager_grads, strict=True):
         torch.testing.assert_close(got, want)
-    relay = model.blocks[0].attn.relay
-    assert relay is None or (relay.first, relay.previous) == (None, None)
+    assert held_tensors(model) == []
     torch.testing.assert_close(compiled(images), model(images))  # a second call: the same graph, nothing stale
 
 
 @pytest.mark.filterwarnings("ignore:`torch\\.jit\\.script` is deprecated")
-def test_scripting_a_module_that_takes_values_from_earlier_blocks_names_what_runs_it():
-    attn = EllipticalAttention(DIM, HEADS)
-    install_relay([attn])
-    with pytest.raises(torch.jit.Error, match="which a TorchScript model cannot hold"):
-        torch.jit.script(attn)(torch.randn(1, N, DIM))
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("kind", ["neutreno", "elliptical"])
+def test_a_scripted_module_reading_earlier_values_equals_eager_forward_and_backward(kind: str, is_causal: bool):
+    first, second = pair(kind, is_causal)
+    scripted = torch.jit.script(second)
+    x0, x1 = torch.randn(2, N, DIM, dtype=torch.float64), torch.randn(2, N, DIM, dtype=torch.float64)
+    padding = torch.zeros(2, N, dtype=torch.bool)
+    padding[1, -2:] = True
+    values: list[torch.Tensor] = []
+    first(x0, values_out=values)
+    v0 = values[0]  # (B, H, N, D)
+    for module in (second, scripted):
+        module.zero_grad()
+    for _ in range(2):  # the profiling executor's first run, then its optimised graph
+        own: list[torch.Tensor] = []
+        eager = second(x1, None, False, padding, v0, v0, own)
+        got = scripted(x1, None, False, padding, v0, v0)
+        torch.testing.assert_close(got, eager, rtol=1e-13, atol=1e-13)
+        assert len(own) == 1 and torch.equal(own[0], heads(second, x1)[2])  # its own values, for later blocks
+        own.clear()
+    grads = [torch.autograd.grad(out.sum(), list(second.parameters())) for out in (eager, got)]
+    for got_grad, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got_grad, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(torch.jit.Error, match="attention in block 1 reads the"):
+        scripted(x1)
     with pytest.raises(OptionError, match="does not apply to kind 'elliptical'"):
         AttentionSpec(kind="elliptical", lambd=0.6)

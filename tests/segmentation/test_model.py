@@ -10,6 +10,7 @@ from kpca.attention import AttentionSpec, RPCAttention, SoftmaxAttention
 from kpca.attention.vit import create_vit
 from kpca.segmentation.model import MaskTransformerHead, Segmenter
 from tests.attention.helpers import assert_vit_holds
+from tests.values_per_call import forwards_from_two_threads, held_tensors
 
 pytestmark = pytest.mark.mmseg
 
@@ -166,23 +167,25 @@ def test_init_from_a_deit_or_symvit_file_at_deits_widths_fits_the_encoder(
 
 
 @pytest.mark.parametrize("kind", ["twicing", "neutreno", "elliptical"])
-def test_segmenter_with_a_robust_kind_trains_with_one_relay_per_stack(kind: str):
-    spec = AttentionSpec(kind=kind)  # the decoder too: NeuTRENO's decoder block 1 takes decoder block 0's values
+def test_segmenter_with_a_robust_kind_trains_and_keeps_no_values(kind: str):
+    spec = AttentionSpec(kind=kind)  # the decoder too: NeuTRENO's decoder block 1 reads decoder block 0's values
     model = Segmenter(num_classes=3, attention=spec, decoder_dropout=0.0, **TINY).train()  # Twicing: no dropout
-    encoder, decoder = (stack.blocks[0].attn.relay for stack in (model.vit, model.decoder))
-    if kind == "twicing":
-        assert encoder is None and decoder is None  # no cross-layer state: no relay
-    else:
-        assert encoder is not decoder and (encoder.depth, decoder.depth) == (2, 2)
-        assert all(block.attn.relay is decoder for block in model.decoder.blocks)
     images = torch.rand(2, 3, 40, 36, requires_grad=True)
     logits = model(images)
     assert logits.shape == (2, 3, 40, 36)
     logits.square().mean().backward()
     assert torch.isfinite(images.grad).all() and images.grad.abs().sum() > 0
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-    for relay in (encoder, decoder):
-        assert relay is None or (relay.first, relay.previous, relay.next_position) == (None, None, 0)
+    assert held_tensors(model) == []  # the encoder's and the decoder's values lived in their loops only
+
+
+@pytest.mark.parametrize("kind", ["neutreno", "elliptical"])
+def test_two_threads_sharing_one_segmenter_with_different_batch_sizes_each_get_their_own_outputs(kind: str):
+    spec = AttentionSpec(kind=kind)
+    model = Segmenter(num_classes=3, attention=spec, decoder_attention=spec, **TINY).eval()
+    inputs = [torch.rand(1, 3, 32, 32), torch.rand(3, 3, 40, 36)]
+    errors, wrong = forwards_from_two_threads(model, inputs, forwards=150)
+    assert (errors, wrong) == ([], 0)
 
 
 def _elliptical_authors_decoder_state(in_dim: int, dim: int, classes: int, depth: int) -> dict[str, torch.Tensor]:

@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kpca.attention import AttentionSpec
+from kpca.attention import AttentionSpec, index_attention_blocks
 from kpca.attention.errors import OptionError
-from kpca.attention.relay import install_relay
 from kpca.language_model.output_heads import WIKITEXT103_CUTOFFS, AdaptiveHead, SoftmaxHead
 from kpca.training.choices import check_choice, choices
 
@@ -71,12 +70,23 @@ class DecoderBlock(nn.Module):
         self.norm2 = nn.LayerNorm(width)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C), causal in N."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        first_values: torch.Tensor | None = None,
+        previous_values: torch.Tensor | None = None,
+        values_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C), causal in N.
+
+        ``first_values`` / ``previous_values`` are block 0's and the block before's (B, H, N, D) values of this
+        forward (None in block 0), which Elliptical and NeuTRENO read; the attention appends its own to the
+        caller's ``values_out`` (``kpca.attention.modules``).
+        """
         if self.norm_position == "pre":
-            x = x + self.attn(self.norm1(x))
+            x = x + self.attn(self.norm1(x), None, False, None, first_values, previous_values, values_out)
             return x + self.drop(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.attn(x))
+        x = self.norm1(x + self.attn(x, None, False, None, first_values, previous_values, values_out))
         return self.norm2(x + self.drop(self.ffn(x)))
 
 
@@ -105,9 +115,9 @@ class CausalTransformerLM(nn.Module):
     would give other initial weights (every tensor drawn after the first ``qkv``) than the symmetric
     ``qkv`` (2C rows) drawn here, and earlier runs and the demo's numbers would not reproduce. The
     ViTs swap because timm builds their blocks (timm's ``attn_layer`` cannot carry RPC's settings);
-    these blocks are ours. Kinds that take values from earlier blocks (Elliptical: the previous
-    block's; NeuTRENO: block 0's) get them through one relay that the blocks' attention modules
-    share (``kpca.attention.relay.install_relay``); the other kinds get none.
+    these blocks are ours. Kinds that read values of earlier blocks (Elliptical: the previous
+    block's; NeuTRENO: block 0's) get them from the loop over the blocks (:meth:`hidden`), which
+    hands each block the values of block 0 and of the block before in local variables.
 
     Args:
         vocab_size: vocabulary size V (the tokenizer's).
@@ -131,6 +141,8 @@ class CausalTransformerLM(nn.Module):
             WikiText-103 20000, 40000, 200000; scale them down for small vocabularies).
         adaptive_div_value: width divisor of the adaptive softmax's tail clusters (the authors' ``div_val`` 1).
     """
+
+    passes_earlier_values = True  # its loop hands values on: swap_attention may put Elliptical or NeuTRENO in
 
     def __init__(
         self,
@@ -191,7 +203,7 @@ class CausalTransformerLM(nn.Module):
             )  # fmt: skip
             for spec in attention.per_block(depth)
         )
-        install_relay([block.attn for block in self.blocks], owner="CausalTransformerLM.blocks")  # Elliptical, NeuTRENO
+        index_attention_blocks([block.attn for block in self.blocks], owner="CausalTransformerLM.blocks")
         self.norm = nn.LayerNorm(width) if norm_position == "pre" else nn.Identity()
         if output == "adaptive":
             self.head = AdaptiveHead(width, vocab_size, tuple(adaptive_cutoffs), adaptive_div_value)
@@ -210,8 +222,13 @@ class CausalTransformerLM(nn.Module):
             raise OptionError(f"input has {n} tokens, more than the model's context {self.context}; crop it")
         x = self.embed(tokens) * math.sqrt(self.width) + self.pos_embed[:n]  # (B, N, C)
         x = self.drop(x)
+        first: torch.Tensor | None = None
+        previous: torch.Tensor | None = None
         for block in self.blocks:
-            x = block(x)
+            values: list[torch.Tensor] = []  # this block's (B, H, N, D) values: a local of this call
+            x = block(x, first, previous, values)  # (B, N, C)
+            first = values[0] if first is None else first
+            previous = values[0]
         return self.norm(x)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import trunc_normal_
-from timm.models.vision_transformer import Block
 from torch import nn
 
 from kpca.attention import AttentionSpec, swap_attention
 from kpca.attention.errors import OptionError
 from kpca.attention.vit import Arch, PixelViT
+from kpca.attention.vit_blocks import ValuePassingBlock
 from kpca.training.checkpointing.weights import read_state_dict
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,10 @@ class MaskTransformerHead(nn.Module):
 
     Attention goes the ViTs' one way, as the encoder's does (:func:`kpca.attention.vit.create_vit`): timm blocks are
     built with softmax attention and initialised, then ``swap_attention`` replaces it for ``attention`` (for a
-    non-softmax kind), so encoder and decoder blocks have a ViT block's weight layout. Kinds that take values from
-    earlier blocks (Elliptical, NeuTRENO) get them through one relay among the decoder's blocks, apart from the
-    encoder's (``kpca.attention.relay``): NeuTRENO's decoder block 1 takes decoder block 0's values, as the authors'.
+    non-softmax kind), so encoder and decoder blocks have a ViT block's weight layout. Kinds that read values of
+    earlier blocks (Elliptical, NeuTRENO) get them from the decoder's loop over its blocks (timm's ``Block`` as
+    ``kpca.attention.vit_blocks.ValuePassingBlock``, the same parameters), apart from the encoder's: NeuTRENO's
+    decoder block 1 reads decoder block 0's values, as the authors'.
 
     Args:
         in_dim: encoder width E.
@@ -56,6 +57,8 @@ class MaskTransformerHead(nn.Module):
         dropout: dropout on the attention probabilities, after the attention projection and in the MLP (after the
             activation and after the second layer), as the authors' ``blocks_rpc.py`` and Segmenter (0.1 there).
     """
+
+    passes_earlier_values = True  # its loop hands values on (forward)
 
     def __init__(
         self,
@@ -77,7 +80,7 @@ class MaskTransformerHead(nn.Module):
         self.proj_dec = nn.Linear(in_dim, dim)
         rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # numbers, on any default device
         self.blocks = nn.ModuleList(
-            Block(
+            ValuePassingBlock(
                 dim,
                 num_heads,
                 mlp_ratio,
@@ -103,8 +106,14 @@ class MaskTransformerHead(nn.Module):
         """Masks of (B, N, E) patch tokens on a ``grid`` = (Gh, Gw) patch grid; returns (B, K, Gh, Gw)."""
         x = self.proj_dec(tokens)  # (B, N, D)
         x = torch.cat([x, self.cls_emb.expand(x.shape[0], -1, -1)], dim=1)  # (B, N + K, D)
+        first: torch.Tensor | None = None
+        previous: torch.Tensor | None = None
         for block in self.blocks:
-            x = block(x)
+            values: list[torch.Tensor] = []  # this block's (B, H, N + K, D / H) values: a local of this call
+            x = block(x, None, False, first, previous, values)  # (B, N + K, D)
+            if values:  # none from timm's Attention, in blocks a spec leaves as they are
+                first = values[0] if first is None else first
+                previous = values[0]
         x = self.decoder_norm(x)
         patches, classes = x[:, : -self.num_classes], x[:, -self.num_classes :]  # (B, N, D), (B, K, D)
         patches = F.normalize(patches @ self.proj_patch, dim=-1)

@@ -1,7 +1,8 @@
 """kpca.attention: softmax, symmetric and RPC-Attention (Principal Attention Pursuit) for PyTorch.
 
 The robust-attention family beside it (Twicing, NeuTRENO, Elliptical) are functions (``kpca.attention.robust``) and
-modules; Elliptical and NeuTRENO take values from earlier blocks through a relay (``kpca.attention.relay``).
+modules; Elliptical and NeuTRENO read values of earlier blocks of the same forward, which the model's loop over its
+blocks passes to each call (``first_values``, ``previous_values``, ``values_out``).
 
 Functions take (B, H, N, D) tensors; modules take (B, N, C) tokens and drop into timm ViTs. The paper's
 scaled-attention variants are modules too; its kernel-PCA diagnostics are ``kpca.attention.kernel_pca``. The
@@ -27,8 +28,8 @@ from kpca.attention.modules import (
     ScaledAttention,
     SoftmaxAttention,
     TwicingAttention,
+    index_attention_blocks,
 )
-from kpca.attention.relay import ValueRelay, install_relay
 from kpca.attention.robust import elliptical_attention, elliptical_scale, neutreno_attention, twicing_attention
 from kpca.attention.spec import AttentionSpec, register_attention_kind
 from kpca.attention.swap import AttentionSwap, swap_attention
@@ -45,12 +46,11 @@ __all__ = [
     "ScaledAttention",
     "SoftmaxAttention",
     "TwicingAttention",
-    "ValueRelay",
     "convert_qkv_rows",
     "elliptical_attention",
     "elliptical_scale",
     "get_backend",
-    "install_relay",
+    "index_attention_blocks",
     "is_symmetric_qkv",
     "neutreno_attention",
     "pap_mu",

@@ -6,8 +6,8 @@ A module's forward is plain tensor code around one or two of these calls. In eag
 function (``softmax_attention``, ``rpc_attention``, the robust family's): argument checks, the backend chosen per
 call (Triton for CUDA inputs), PAP's autograd Functions that save one int8 mask per iteration. TorchScript compiles
 only the ``torch.jit.is_scripting()`` branch: the torch backend on plain ops (``masked_sdpa``,
-``_pap.pap_attention``), the same forward operations, so the same values; Elliptical and NeuTRENO raise there
-(their values from earlier blocks live in a relay, a Python object). ``kpca.attention.modules`` registers the calls
+``_pap.pap_attention``, ``robust.rescaled_sdpa``), the same forward operations, so the same values. Values from
+earlier blocks (NeuTRENO's, Elliptical's) are arguments like any other. ``kpca.attention.modules`` registers the calls
 with ``torch.fx.wrap``: a symbolic trace (timm's, torchvision's feature extractor, ``torch.fx.symbolic_trace``)
 records each as one node, which runs the eager function (its checks then see real tensors), and which TorchScript
 compiles if the traced graph is scripted. Arguments are positional, as TorchScript wants them.
@@ -21,15 +21,7 @@ from kpca.attention._masks import masked_sdpa
 from kpca.attention._pap import pap_attention
 from kpca.attention.errors import OptionError
 from kpca.attention.functional import rpc_attention, softmax_attention
-from kpca.attention.robust import elliptical_attention, neutreno_attention, twicing_attention
-
-
-def refuse_script() -> torch.Tensor:
-    """The scripted form of an Elliptical or NeuTRENO call or module: it raises, naming what runs them instead."""
-    raise RuntimeError(
-        "Elliptical and NeuTRENO attention take values handed on from earlier blocks (kpca.attention.relay), which a "
-        "TorchScript model cannot hold; run the model eagerly, with torch.compile, torch.fx or torch.export"
-    )
+from kpca.attention.robust import elliptical_attention, neutreno_attention, rescaled_sdpa, twicing_attention
 
 
 def _torch_backend_only(backend: str) -> None:
@@ -160,7 +152,8 @@ def neutreno_call(
 ) -> torch.Tensor:
     """``neutreno_attention(q, k, v, v_first, lambd=lambd, ...)`` on (B, H, N, D) tensors: (B, H, N, D)."""
     if torch.jit.is_scripting():
-        return refuse_script()
+        out = masked_sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, None)  # (B, H, N, D)
+        return out + lambd * (v_first - v)
     return neutreno_attention(
         q, k, v, v_first, lambd=lambd, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
         dropout_p=dropout_p,
@@ -180,7 +173,7 @@ def elliptical_call(
 ) -> torch.Tensor:
     """``elliptical_attention(q, k, v, v_prev, ...)`` on (B, H, N, D) tensors: (B, H, N, D)."""
     if torch.jit.is_scripting():
-        return refuse_script()
+        return rescaled_sdpa(q, k, v, v_prev, attn_mask, key_padding_mask, is_causal, dropout_p, None, convention)
     return elliptical_attention(
         q, k, v, v_prev, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
         dropout_p=dropout_p, convention=convention,

@@ -7,15 +7,22 @@ Parameter names follow timm's ``Attention`` (``qkv``, ``q_norm``, ``k_norm``, ``
 state_dict is timm's; the symmetric one is ``qkv = Linear(dim, 2 * H * D)`` (K, V), as in SymViT.
 ``RPCAttention`` adds no parameter to symmetric attention: checkpoints move between the two. The robust family
 (``TwicingAttention``, ``NeuTRENOAttention``, ``EllipticalAttention``) is asymmetric, as the papers' DeiT attention,
-and adds no parameter: a DeiT checkpoint loads as it is. Elliptical and NeuTRENO take values handed on from earlier
-blocks through a :class:`~kpca.attention.relay.ValueRelay` (``relay``), which every module of a stack hands its
-values on to once one is installed (:func:`~kpca.attention.relay.install_relay`).
+and adds no parameter: a DeiT checkpoint loads as it is.
+
+Elliptical and NeuTRENO read values of earlier blocks of the same forward (the previous block's, block 0's). They are
+arguments of the call, as x-transformers passes its ``value_residual``: ``forward`` takes them (``first_values``,
+``previous_values``) and appends the block's own values to a list of the caller's (``values_out``), and the model
+that owns the loop over its blocks passes them on (:class:`~kpca.attention.vit_blocks.ValuePassingViT`, the
+language model, Segmenter's decoder). No module keeps anything from one call to the next, so threads,
+``nn.DataParallel`` replicas, activation checkpointing, TorchScript, torch.fx and ``torch.compile`` see plain
+tensors.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, TypedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 import torch
 from torch import nn
@@ -24,7 +31,6 @@ from kpca.attention._backend import Backend, check_backend
 from kpca.attention._calls import (
     elliptical_call,
     neutreno_call,
-    refuse_script,
     refuse_token_order,
     rpc_call,
     scaled_values,
@@ -40,7 +46,6 @@ from kpca.attention._checks import (
 from kpca.attention.errors import OptionError
 from kpca.attention.functional import RPCState, rpc_attention
 from kpca.attention.layout import qkv_rows, split_heads
-from kpca.attention.relay import ValueRelay
 from kpca.attention.robust import _check_lambd
 
 if TYPE_CHECKING:
@@ -104,14 +109,15 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         num_heads: H.
         head_dim: D.
         attn_dim: H * D, the rows in each of Q, K and V.
-        relay_needs: what the kind asks of the :class:`~kpca.attention.relay.ValueRelay` (class attribute; empty:
-            nothing, the module only hands its values on where a relay is installed).
-        relay: the relay shared with the other blocks' attention, or None (eager, torch.compile and torch.fx only).
-        relay_position: this module's block in the stack that shares ``relay``.
+        earlier_values: which earlier block's values the kind reads (class attribute): ``""`` none, ``"first"``
+            block 0's (NeuTRENO), ``"previous"`` the block before's (Elliptical).
+        block_index: this module's block in its model's stack of blocks (0 for a module on its own), set by
+            :func:`index_attention_blocks`; a kind reading earlier values is plain softmax attention in block 0, and
+            refuses a call without them in any other block.
     """
 
-    __jit_ignored_attributes__ = ["relay"]  # a plain Python object: TorchScript models hold none
-    relay_needs: tuple[str, ...] = ()
+    __constants__ = ["earlier_values"]  # a class attribute: TorchScript reads it as a constant
+    earlier_values: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -157,8 +163,7 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         self.gate = nn.Linear(dim, self.attn_dim, bias=qkv_bias, **dd) if gated else None
         self.proj = nn.Linear(self.attn_dim, dim_out or dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
-        self.relay: ValueRelay | None = None
-        self.relay_position = 0
+        self.block_index = 0
 
     def forward(
         self,
@@ -166,17 +171,28 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         attn_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         key_padding_mask: torch.Tensor | None = None,
+        first_values: torch.Tensor | None = None,
+        previous_values: torch.Tensor | None = None,
+        values_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Self-attention over tokens.
+        """Self-attention over tokens: timm ``Attention``'s call, plus the values of earlier blocks of this forward.
 
         Args:
             x: (B, N, C) tokens.
             attn_mask: bool (True = attend) or float additive mask broadcastable to (B, H, N, N).
             is_causal: causal attention for this call (also on when the module was built causal).
             key_padding_mask: (B, N) bool, True = padded token.
+            first_values: (B, H, N, D) values of block 0 of this forward, None in block 0.
+            previous_values: (B, H, N, D) values of the block before, None in block 0.
+            values_out: a list of the caller's that this call appends its (B, H, N, D) values to, for the blocks
+                after it; None: not asked for. (A TorchScript module called from Python appends to a copy of the
+                list: script the model that owns the loop over its blocks, as ``torch.jit.script(vit)`` does.)
 
         Returns:
             (B, N, dim_out) tokens.
+
+        Raises:
+            ValueError: for a kind that reads earlier values, in a block other than 0, called without them.
         """
         b, n, _ = x.shape
         q, k, v = split_heads(self.qkv(x), self.symmetric, self.num_heads, self.head_dim)  # (B, H, N, D); q None: K
@@ -184,28 +200,28 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         queries = k if q is None else self.q_norm(q)
         causal = True if self.is_causal else is_causal  # no branch on the argument: a torch.fx trace has a Proxy
         dropout_p = self.attn_drop.p if self.training else 0.0
-        out = self._attend(queries, k, v, attn_mask, key_padding_mask, causal, dropout_p)
-        if not torch.jit.is_scripting():
-            self._hand_on(v)
+        earlier = self._earlier(first_values, previous_values)  # (B, H, N, D) or None
+        out = self._attend(queries, k, v, earlier, attn_mask, key_padding_mask, causal, dropout_p)
+        if values_out is not None:
+            values_out.append(v)
         out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))  # (B, H, N, D) -> (B, N, H * D)
         if self.gate is not None:
             out = out * self.gate(x).sigmoid()
         return self.proj_drop(self.proj(out))  # (B, N, dim_out)
 
-    def _hand_on(self, v: torch.Tensor) -> None:
-        """Hand this block's (B, H, N, D) values on to the relay, if one is installed; eager, compile and fx only."""
-        if self.relay is not None:
-            self.relay.hand_on(self.relay_position, v)
-
-    def _relay(self) -> ValueRelay:
-        """The installed relay, for a kind that asks for one (eager, compile and fx only)."""
-        if self.relay is None:
-            raise OptionError(
-                f"{type(self).__name__} takes values from earlier blocks and has no relay; build the model with "
-                "swap_attention / kpca.attention.vit, or call kpca.attention.relay.install_relay on the attention "
-                "modules of its blocks, in order"
+    def _earlier(self, first_values: torch.Tensor | None, previous_values: torch.Tensor | None) -> torch.Tensor | None:
+        """The earlier block's (B, H, N, D) values that this kind reads, or None (block 0, or a kind reading none)."""
+        if self.earlier_values == "":
+            return None
+        earlier = first_values if self.earlier_values == "first" else previous_values
+        if earlier is None and self.block_index > 0:
+            raise ValueError(
+                "attention in block " + str(self.block_index) + " reads the " + self.earlier_values + " block's "
+                "values of the same forward, and this call did not pass them: run it through its model's blocks "
+                "(kpca.attention.vit's ViTs, the language model and Segmenter pass them), or pass first_values "
+                "and previous_values, the earlier blocks' values (each block's values_out)"
             )
-        return self.relay
+        return earlier
 
     @abc.abstractmethod
     def _attend(
@@ -213,12 +229,17 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        earlier: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         key_padding_mask: torch.Tensor | None,
         is_causal: bool,
         dropout_p: float,
     ) -> torch.Tensor:
-        """Attend with (B, H, N, D) q, k, v (q is k for symmetric modules): (B, H, N, D)."""
+        """Attend with (B, H, N, D) q, k, v (q is k for symmetric modules), and an earlier block's values: (B, H, N, D).
+
+        ``earlier`` is the (B, H, N, D) values the kind reads (``earlier_values``), None where it reads none or in
+        block 0.
+        """
 
 
 class SoftmaxAttention(_ProjectedAttention):
@@ -241,6 +262,7 @@ class SoftmaxAttention(_ProjectedAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        earlier: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         key_padding_mask: torch.Tensor | None,
         is_causal: bool,
@@ -262,7 +284,7 @@ class RPCAttention(_ProjectedAttention):
         convention: "reference" (the authors' code) or "pcp" (textbook PCP), see ``rpc_attention``.
     """
 
-    __jit_ignored_attributes__ = ["relay", "last_state"]  # eager diagnostics (a dataclass): no TorchScript attribute
+    __jit_ignored_attributes__ = ["last_state"]  # eager diagnostics (a dataclass): no TorchScript attribute
 
     def __init__(
         self,
@@ -292,6 +314,7 @@ class RPCAttention(_ProjectedAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        earlier: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         key_padding_mask: torch.Tensor | None,
         is_causal: bool,
@@ -352,6 +375,7 @@ class ScaledAttention(_ProjectedAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        earlier: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         key_padding_mask: torch.Tensor | None,
         is_causal: bool,
@@ -382,6 +406,7 @@ class AlphaAsymAttention(_ProjectedAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        earlier: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         key_padding_mask: torch.Tensor | None,
         is_causal: bool,
@@ -417,6 +442,7 @@ class TwicingAttention(_ProjectedAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        earlier: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         key_padding_mask: torch.Tensor | None,
         is_causal: bool,
@@ -428,16 +454,16 @@ class TwicingAttention(_ProjectedAttention):
 class NeuTRENOAttention(_ProjectedAttention):
     """NeuTRENO (Nguyen et al., NeurIPS 2023): asymmetric attention ``A V + lambd (V_1 - V)``.
 
-    ``V_1`` is the values of block 0 of the same forward, not detached (gradients reach block 0's ``qkv``), taken
-    from the relay (``relay_needs = ("first",)``). At position 0 the module is block 0 itself: plain softmax
-    attention (``V_1 - V = 0``) that hands its values on. Takes :class:`SoftmaxAttention`'s arguments (always
+    ``V_1`` is the values of block 0 of the same forward, not detached (gradients reach block 0's ``qkv``), passed
+    as ``first_values`` (``earlier_values = "first"``). In block 0 the module is block 0 itself: plain softmax
+    attention (``V_1 - V = 0``). Takes :class:`SoftmaxAttention`'s arguments (always
     asymmetric, timm's parameter names, no parameter added) plus:
 
     Args:
         lambd: the fidelity weight lambda >= 0 (the papers: 0.6 vision, 0.4 language).
     """
 
-    relay_needs = ("first",)
+    earlier_values = "first"
 
     def __init__(self, dim: int, num_heads: int = 8, *, lambd: float = 0.6, **kwargs: Unpack[AttentionOptions]) -> None:
         super().__init__(dim, num_heads, False, **kwargs)
@@ -453,17 +479,15 @@ class NeuTRENOAttention(_ProjectedAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        earlier: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         key_padding_mask: torch.Tensor | None,
         is_causal: bool,
         dropout_p: float,
     ) -> torch.Tensor:
-        if not torch.jit.is_scripting():
-            v_first = self._relay().first_for(self.relay_position)  # (B, H, N, D) of block 0, None in block 0
-            if v_first is None:
-                return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, self.backend)
-            return neutreno_call(q, k, v, v_first, self.lambd, attn_mask, key_padding_mask, is_causal, dropout_p)
-        return refuse_script()
+        if earlier is None:  # block 0
+            return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, self.backend)
+        return neutreno_call(q, k, v, earlier, self.lambd, attn_mask, key_padding_mask, is_causal, dropout_p)
 
 
 class EllipticalAttention(_ProjectedAttention):
@@ -471,15 +495,15 @@ class EllipticalAttention(_ProjectedAttention):
 
     ``softmax((q * m) kᵀ / sqrt(D)) V``, m the per-dimension mean of ``|V - V_prev|`` over tokens over its maximum
     (prefix means when causal), without gradient (``kpca.attention.elliptical_attention``); ``V_prev`` is the
-    previous block's values of the same forward, detached, taken from the relay (``relay_needs =
-    ("previous",)``). At position 0 there is no previous block: plain softmax attention that hands its values on.
+    previous block's values of the same forward, passed as ``previous_values`` (``earlier_values = "previous"``) and
+    read without gradient. In block 0 there is no previous block: plain softmax attention.
     Takes :class:`SoftmaxAttention`'s arguments (always asymmetric, timm's parameter names, no parameter added), and
     ``convention``: ``causal`` (ours: a strictly causal prefix-mean estimate under causal attention, 1/sqrt(D) kept)
     or ``reference`` (the authors' code: in a causal model the estimate is the whole segment's mean, which sees
     later tokens, and the scores drop 1/sqrt(D); the same as ours in a non-causal one).
     """
 
-    relay_needs = ("previous",)
+    earlier_values = "previous"
 
     def __init__(
         self,
@@ -497,16 +521,41 @@ class EllipticalAttention(_ProjectedAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        earlier: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         key_padding_mask: torch.Tensor | None,
         is_causal: bool,
         dropout_p: float,
     ) -> torch.Tensor:
-        if not torch.jit.is_scripting():
-            v_prev = self._relay().previous_for(self.relay_position)  # (B, H, N, D) of the block before, or None
-            if v_prev is None:
-                return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, self.backend)
-            return elliptical_call(
-                q, k, v, v_prev, attn_mask, key_padding_mask, is_causal, dropout_p, self.convention
-            )  # fmt: skip
-        return refuse_script()
+        if earlier is None:  # block 0
+            return softmax_call(q, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, self.backend)
+        return elliptical_call(q, k, v, earlier, attn_mask, key_padding_mask, is_causal, dropout_p, self.convention)
+
+
+def index_attention_blocks(attentions: Sequence[nn.Module], owner: str = "the model") -> None:
+    """Give each of ``attentions``, the attention modules of one stack of blocks, block 0 first, its ``block_index``.
+
+    A model that owns a loop over its blocks calls it once built (``swap_attention`` does for the ViTs and
+    Segmenter's decoder). Modules that are not ``kpca.attention``'s (timm's ``Attention``) are left as they are.
+
+    Raises:
+        ValueError: if a module reads earlier blocks' values and some module of the stack is not one of
+            ``kpca.attention``'s, so that it returns no values to pass on (e.g. timm's ``Attention``).
+    """
+    reads = sorted({getattr(module, "earlier_values", "") for module in attentions} - {""})
+    foreign = [i for i, module in enumerate(attentions) if not isinstance(module, _ProjectedAttention)]
+    if reads and foreign:
+        raise OptionError(
+            f"blocks {foreign} of {owner} have attention that returns no values "
+            f"({type(attentions[foreign[0]]).__name__}), which the attention reading the {' and '.join(reads)} "
+            "block's values needs; give those blocks kpca.attention modules (AttentionSpec's per_block does: kind "
+            "'softmax' for plain ones)"
+        )
+    for index, module in enumerate(attentions):
+        if isinstance(module, _ProjectedAttention):
+            module.block_index = index
+
+
+def reads_earlier_values(attentions: Sequence[nn.Module]) -> bool:
+    """Whether some module of ``attentions`` reads values of earlier blocks (Elliptical, NeuTRENO)."""
+    return any(getattr(module, "earlier_values", "") for module in attentions)

@@ -137,6 +137,13 @@ def elliptical_scale(
     """
     b, _, n, _ = _checks.check_qkv(v=v, v_prev=v_prev)
     _checks.check_key_padding_mask(key_padding_mask, b, n)
+    return query_scale(v, v_prev, is_causal, key_padding_mask)
+
+
+def query_scale(
+    v: torch.Tensor, v_prev: torch.Tensor, is_causal: bool, key_padding_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """:func:`elliptical_scale` without argument checks, in the form TorchScript compiles: (B, H, 1 | N, D)."""
     accumulate = torch.float64 if v.dtype == torch.float64 else torch.float32
     diff = (v.detach().to(accumulate) - v_prev.detach().to(accumulate)).abs()  # (B, H, N, D)
     valid = torch.ones_like(diff[:1, :1, :, :1])  # (1, 1, N, 1)
@@ -193,10 +200,24 @@ def elliptical_attention(
     b, h, n, _ = _checks.check_qkv(q=q, k=k, v=v, v_prev=v_prev)
     _checks.check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     _checks.check_elliptical_convention(convention)
+    return rescaled_sdpa(q, k, v, v_prev, attn_mask, key_padding_mask, is_causal, dropout_p, scale, convention)
+
+
+def rescaled_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    v_prev: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    scale: float | None,
+    convention: str,
+) -> torch.Tensor:
+    """:func:`elliptical_attention` without argument checks, in the form TorchScript compiles: (B, H, N, D)."""
     authors_lm = convention == "reference" and is_causal
-    m = elliptical_scale(
-        v, v_prev, is_causal=is_causal and not authors_lm, key_padding_mask=key_padding_mask
-    )  # (B, H, 1 | N, D)
+    m = query_scale(v, v_prev, is_causal and not authors_lm, key_padding_mask)  # (B, H, 1 | N, D)
     if authors_lm and scale is None:
         scale = 1.0
     return masked_sdpa(q * m, k, v, attn_mask, key_padding_mask, is_causal, dropout_p, scale)
@@ -205,7 +226,9 @@ def elliptical_attention(
 def _normalise_by_max(s: torch.Tensor) -> torch.Tensor:
     """``s / max_d s`` over the last dimension, all ones where the maximum is (numerically) zero: same shape."""
     top = s.amax(dim=-1, keepdim=True)  # (..., 1)
-    tiny = torch.finfo(s.dtype).tiny
+    # torch.finfo(s.dtype).tiny of float64 or float32, the dtypes s accumulates in, as literals (TorchScript has no
+    # torch.finfo and reads no module-level numbers)
+    tiny = 2.2250738585072014e-308 if s.dtype == torch.float64 else 1.1754943508222875e-38
     return torch.where(top > tiny, s / top.clamp_min(tiny), torch.ones_like(s))
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from kpca.attention.errors import OptionError
 from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv
-from kpca.attention.relay import install_relay
+from kpca.attention.modules import index_attention_blocks, reads_earlier_values
 from kpca.attention.spec import AttentionSpec
 
 
@@ -37,8 +37,13 @@ def swap_attention(model: nn.Module, spec: AttentionSpec, *, task: str = "vision
     Elliptical move every parameter (they add none). Which block gets what is
     :meth:`AttentionSpec.per_block`: with ``spec.kind == "rpc"`` the blocks outside ``spec.layers``
     become symmetric softmax attention, with ``neutreno`` and ``elliptical`` asymmetric softmax attention,
-    otherwise they are left as they are. Then the blocks' attention modules share one
-    :class:`~kpca.attention.relay.ValueRelay` if some kind asks for one (``install_relay``), and none otherwise.
+    otherwise they are left as they are. Then each attention module learns its block index
+    (``index_attention_blocks``).
+
+    Kinds that read earlier blocks' values (Elliptical, NeuTRENO) go only into a model whose loop over its blocks
+    passes them (class attribute ``passes_earlier_values``: ``kpca.attention.vit_blocks.ValuePassingViT``, the
+    language model, Segmenter's decoder); timm's own ``VisionTransformer`` runs ``nn.Sequential`` blocks, which
+    cannot, and is refused before anything changes.
 
     Args:
         model: the model whose blocks' attention is replaced.
@@ -48,6 +53,9 @@ def swap_attention(model: nn.Module, spec: AttentionSpec, *, task: str = "vision
     Returns:
         One :class:`AttentionSwap` per replaced module (blocks already of the wanted kind and
         settings are replaced too, so the result reflects ``spec`` exactly).
+
+    Raises:
+        ValueError: for a kind reading earlier values and a model that does not pass them.
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or not all(hasattr(b, "attn") for b in blocks):
@@ -56,15 +64,28 @@ def swap_attention(model: nn.Module, spec: AttentionSpec, *, task: str = "vision
         )
     if spec.kind == "scaled_s" and spec.num_tokens is None:
         spec = dataclasses.replace(spec, num_tokens=_vit_num_tokens(model))
+    targets = spec.per_block(len(blocks))
+    built = {
+        i: target.build(**_shape_of(block.attn), task=task)
+        for i, (block, target) in enumerate(zip(blocks, targets, strict=True))
+        if target is not None
+    }
+    owner = f"{type(model).__name__}.blocks"
+    attentions = [built.get(i, block.attn) for i, block in enumerate(blocks)]
+    if reads_earlier_values(attentions) and not getattr(model, "passes_earlier_values", False):
+        raise OptionError(
+            f"attention kind {spec.kind!r} reads earlier blocks' values, which the loop over {owner} does not pass "
+            f"({type(model).__name__} runs its blocks one after the other, unaware of values); build the ViT with "
+            "kpca.attention.vit.create_vit or timm.create_model (e.g. 'deit_neutreno_tiny_patch16_224'), whose "
+            "blocks pass them, or give the model a loop that passes each block's values_out on to the next blocks "
+            "(first_values, previous_values)"
+        )
+    index_attention_blocks(attentions, owner=owner)
     swaps = []
-    for i, (block, target) in enumerate(zip(blocks, spec.per_block(len(blocks)), strict=True)):
-        if target is None:
-            continue
-        old = block.attn
-        new = target.build(**_shape_of(old), task=task)
+    for i, new in built.items():
+        old = blocks[i].attn
         swaps.append(AttentionSwap(i, type(old).__name__, type(new).__name__, _move_weights(old, new)))
-        block.attn = new
-    install_relay([block.attn for block in blocks], owner=f"{type(model).__name__}.blocks")
+        blocks[i].attn = new
     return swaps
 
 

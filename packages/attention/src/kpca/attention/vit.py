@@ -9,7 +9,7 @@ import it. Importing it registers with timm, for each size ``tiny`` / ``small`` 
 - ``deit_scaled_s_<size>_patch16_224`` / ``deit_scaled_alpha_<size>_patch16_224``: the scaled-attention variants;
 - ``deit_twicing_<size>_patch16_224``, ``deit_neutreno_<size>_patch16_224`` (lambda 0.6),
   ``deit_elliptical_<size>_patch16_224``: the robust family in the papers' blocks (``layers: all``; NeuTRENO and
-  Elliptical in block 0 are plain softmax that hands its values on, through the relay ``swap_attention`` installs);
+  Elliptical in block 0 are plain softmax, and the later blocks get block 0's or the previous block's values);
 
 one family per attention kind registered before this import, named and set by its registration
 (:func:`kpca.attention.spec.register_attention_kind`'s ``vit_family`` and ``vit_defaults``); softmax's is timm's own
@@ -18,7 +18,9 @@ DeiT.
 ``timm.create_model(name, attention={"n_iter": 2, "layers": "all"}, ...)`` overrides the attention settings (any
 :class:`~kpca.attention.AttentionSpec` field but ``kind``); :func:`create_vit` builds any size with any
 AttentionSpec (softmax: timm's own ``deit_<size>_patch16_224``). Every model built here is built as timm builds
-its ViTs (``build_model_with_cfg``) with :func:`checkpoint_filter_fn` as its ``pretrained_filter_fn``, so
+its ViTs (``build_model_with_cfg``) with :func:`checkpoint_filter_fn` as its ``pretrained_filter_fn``, and is a
+:class:`~kpca.attention.vit_blocks.ValuePassingViT` (timm's ``VisionTransformer`` whose block loop passes earlier
+blocks' values to the attention, per call; the same parameters) but softmax's, timm's own class; so
 ``pretrained=True`` converts DeiT, SymViT and RPC weights into the model's attention layout, e.g.
 ``timm.create_model("symvit_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay=dict(file="deit.pth"))``.
 :func:`load_vit_state_dict` does the same conversion for a state dict in hand and reports it (:class:`LoadReport`).
@@ -45,6 +47,7 @@ from kpca.attention.errors import OptionError
 from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv, is_attention_layer, qkv_rows
 from kpca.attention.spec import AttentionSpec, kinds, registered_kind
 from kpca.attention.swap import swap_attention
+from kpca.attention.vit_blocks import ValuePassingViT
 
 logger = logging.getLogger(__name__)
 
@@ -190,10 +193,15 @@ def _build_vit(name: str, attention: AttentionSpec, pretrained: bool, **kwargs) 
 
 
 def _vit_with_attention(attention: AttentionSpec, **kwargs) -> VisionTransformer:
-    """A randomly initialised VisionTransformer(**kwargs) whose blocks' attention is then ``attention``'s."""
-    vit = VisionTransformer(**kwargs)
-    if attention.kind != "softmax":
-        swap_attention(vit, attention)
+    """A randomly initialised ViT(**kwargs) whose blocks' attention is then ``attention``'s.
+
+    Softmax is timm's own ``VisionTransformer``; every other kind a :class:`ValuePassingViT` (the same parameters
+    and random draws), so that a kind reading earlier blocks' values gets them.
+    """
+    if attention.kind == "softmax":
+        return VisionTransformer(**kwargs)
+    vit = ValuePassingViT(**kwargs)
+    swap_attention(vit, attention)
     return vit
 
 
