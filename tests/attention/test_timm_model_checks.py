@@ -6,7 +6,9 @@ aa4b5850c1543fa488abf260f18390eda46cf85d; the timm these tests run is the one pi
 ViTs (``deit*``), with timm's ``deit_tiny_patch16_224`` as the control that passes them in timm:
 
 - ``test_model_forward``: the output has the batch and no NaN, and is the same with ``set_grad_checkpointing()``.
-- ``test_model_backward``: every parameter gets a gradient (here: a non-zero one where it can).
+- ``test_model_backward``: every parameter gets a gradient.
+- ``test_model_default_cfgs`` (timm's ``_non_std`` form, which timm runs on its ViTs by name, ``deit*``, ``vit_*``):
+  features, pre-logits and pooled widths, a model without classifier, the cfg's classifier and first conv.
 - ``test_model_forward_features`` / ``test_model_forward_intermediates``: ``features_only`` models and
   ``forward_intermediates`` give timm's shapes, the last intermediate is ``forward_features``' (before its norm),
   and gradient checkpointing changes nothing.
@@ -113,6 +115,21 @@ def test_model_backward(name: str):
     assert out.shape == (2, 42) and not torch.isnan(out).any()
     missing = [param_name for param_name, param in model.named_parameters() if param.grad is None]
     assert missing == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_default_cfgs(name: str):
+    model = _model(name).eval()  # timm's test_model_default_cfgs_non_std, the form it runs on its ViTs
+    images = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        features = model.forward_features(images)  # (B, 1 + N, C)
+        pre_logits = model.forward_head(features, pre_logits=True)
+        assert features.shape[-1] == model.num_features and pre_logits.shape[1] == model.head_hidden_size
+        model.reset_classifier(0)
+        assert model.num_classes == 0 and model(images).shape == pre_logits.shape
+        assert _model(name, num_classes=0).eval()(images).shape[-1] == model.num_features
+    cfg, state = model.default_cfg, model.state_dict()
+    assert f"{cfg['classifier']}.weight" in _model(name).state_dict() and f"{cfg['first_conv']}.weight" in state
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -99,6 +99,7 @@ def test_test_subcommand_writes_clean_and_corrupted_reports(short_fit: Segmentat
     root = Path(short_fit.trainer.default_root_dir)
     path = Path(short_fit.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     cli = run("test", *smoke(root, seg_cache_dir), f"--ckpt_path={path}")
+    assert cli.trained_differences == []  # its own checkpoint with its own config: the optimizer function included
     out = Path(cli.trainer.log_dir)
     assert {"segmentation.md", "segmentation.csv", "per_class_clean.md", "per_class_clean.csv"} <= {
         p.name for p in out.iterdir()

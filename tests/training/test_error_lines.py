@@ -1,11 +1,13 @@
 """A mistake the user can fix ends a command with one ``error:`` line and the status of its kind, no traceback."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from kpca.attention.errors import OptionError
 from kpca.training.data_checks.problems import DataError
@@ -70,3 +72,63 @@ def test_a_command_that_succeeds_or_crashes_is_left_alone(status: int):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == status
     assert ("ZeroDivisionError" in done.stderr) == (status == 1)
+
+
+def _bad_checkpoint(tmp_path: Path, problem: str) -> Path:
+    """A ``--ckpt_path`` with ``problem``: missing, a folder, empty, text, or a torch.save file cut short."""
+    path = tmp_path / f"{problem}.ckpt"
+    if problem == "folder":
+        path.mkdir()
+    elif problem == "empty":
+        path.write_bytes(b"")
+    elif problem == "text":
+        path.write_text("not a checkpoint\n")
+    elif problem == "truncated":
+        torch.save({"state_dict": {"w": torch.zeros(64, 64)}, "global_step": 1}, path)
+        path.write_bytes(path.read_bytes()[:-200])  # the zip directory at the end is gone
+    return path
+
+
+@pytest.mark.parametrize(
+    ("problem", "subcommand", "reason"),
+    [
+        ("missing", "test", "it does not exist"),
+        ("folder", "validate", "it is a folder, not a checkpoint file"),
+        ("empty", "predict", r"it is empty \(0 bytes\)"),
+        ("text", "test", "it is truncated or not a checkpoint"),
+        ("truncated", "validate", "it is truncated or not a checkpoint"),
+    ],
+)
+def test_a_bad_checkpoint_stops_every_subcommand_in_one_line_naming_it(
+    tmp_path: Path, problem: str, subcommand: str, reason: str
+):
+    path = _bad_checkpoint(tmp_path, problem)
+    done = vision_cls(tmp_path, subcommand, "-c", CPU, "-c", SMOKE, f"--ckpt_path={path}")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert re.fullmatch(rf"error: {subcommand} cannot read ckpt_path='{re.escape(str(path))}': {reason}.*", last)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--model.optimizer.init_args.lr=-0.001", "model.optimizer (torch.optim.AdamW) refuses its arguments: "
+         "Invalid learning rate: -0.001; set the init_args value it names"),
+        ("--trainer.max_epochs=-5", "the trainer options are refused by Lightning: `max_epochs` must be a "
+         "non-negative integer or -1. You passed in -5."),
+        ("--data.image_size=48", "data.image_size=48 differs from model.net.init_args.img_size=32"),
+        ("--data.image_size=36 --model.net.init_args.img_size=36", "model.net.init_args.img_size=36 is not a multiple "
+         "of patch_size=8: the patches would leave the last 4 pixel rows and columns out; use a multiple, e.g. "
+         "--data.image_size=32 --model.net.init_args.img_size=32"),
+    ],
+)  # fmt: skip
+def test_an_option_torch_or_lightning_would_refuse_inside_the_run_is_one_line_before_any_work(
+    tmp_path: Path, option: str, message: str
+):
+    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, *option.split())
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(f"error: {message}")
+    assert not (tmp_path / "runs").exists()

@@ -71,3 +71,15 @@ def test_weights_that_do_not_fit_differing_options_are_refused_with_both_values(
         check_weights_fit(model, ckpt, [difference])
     check_weights_fit(model, ckpt, [])  # no option differs: Lightning's loading reports it
     check_weights_fit({"w": torch.ones(2), "old": torch.ones(1)}, ckpt, [difference])  # the weights fit: it runs
+
+
+def test_a_function_option_compares_by_its_import_path_as_the_checkpoint_saved_it():
+    from kpca.segmentation.module import segmenter_sgd  # Segmenter's optimizer option, a function
+
+    trained = {"optimizer": "kpca.segmentation.module.segmenter_sgd", "lr": 0.001}
+    assert option_differences(trained, {"optimizer": segmenter_sgd, "lr": 0.001}) == []
+    (difference,) = option_differences(trained, {"optimizer": OptionDifference, "lr": 0.001})
+    assert difference.text == (
+        "model.optimizer=kpca.training.checkpointing.trained_options.OptionDifference "
+        "(trained with kpca.segmentation.module.segmenter_sgd)"
+    )

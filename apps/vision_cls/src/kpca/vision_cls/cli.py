@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 from lightning.pytorch.cli import ArgsType
 
+from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.weights import load_checkpoint_weights
 from kpca.training.cli import ProjectCLI
 from kpca.training.errors import run_command
@@ -68,6 +69,28 @@ class VisionCLI(ProjectCLI):
     def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(AttentionMaps, "attention_maps")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
+
+    def check_options(self, config) -> None:
+        """Refuse an image size the ViT cannot take, before timm asserts on the first batch or crops silently.
+
+        The data's ``image_size`` must be the net's ``img_size``, a multiple of its ``patch_size``.
+        """
+        net = (config.model.get("net") or {}).get("init_args") or {}
+        img_size, patch_size, image_size = net.get("img_size"), net.get("patch_size"), config.data.get("image_size")
+        if not all(isinstance(value, int) for value in (img_size, patch_size, image_size)):
+            return
+        if image_size != img_size:
+            raise OptionError(
+                f"data.image_size={image_size} differs from model.net.init_args.img_size={img_size}: the ViT takes "
+                f"{img_size}-pixel images; set both to one size, e.g. --data.image_size={img_size}"
+            )
+        if img_size % patch_size:
+            fits = max(patch_size, img_size // patch_size * patch_size)
+            raise OptionError(
+                f"model.net.init_args.img_size={img_size} is not a multiple of patch_size={patch_size}: the patches "
+                f"would leave the last {img_size % patch_size} pixel rows and columns out; use a multiple, e.g. "
+                f"--data.image_size={fits} --model.net.init_args.img_size={fits}"
+            )
 
 
 def main(args: ArgsType = None) -> VisionCLI:

@@ -32,6 +32,7 @@ import lightning.pytorch as pl
 import torch
 import yaml
 from jsonargparse import Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
@@ -64,6 +65,7 @@ from kpca.training.data_checks.bad_files import BadFilesMonitor
 from kpca.training.files import write_atomic
 from kpca.training.help_text import PlainHelpFormatter
 from kpca.training.machine_checks import check_machine
+from kpca.training.option_checks import check_optimizer, refused_trainer_options
 from kpca.training.parser import ProjectArgumentParser
 from kpca.training.run_lock import RunLock
 from kpca.training.trainer import CHECK_DATA, ProjectTrainer
@@ -215,10 +217,11 @@ class ProjectCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Parse, then check ``--ckpt_path``: resolve ``auto``, refuse damaged files and other apps' checkpoints.
 
-        ``fit --ckpt_path auto`` (or ``last``) is resolved and a damaged checkpoint to resume from is refused; in
-        every subcommand, so is a checkpoint that another app wrote. Done here, before LightningCLI reads the
-        checkpoint's hyper-parameters, so that a damaged file gets an error that names it instead of an unpickling
-        error, and another app's file one that names that app instead of a parser dump.
+        ``fit --ckpt_path auto`` (or ``last``) is resolved; in every subcommand a checkpoint that is a folder, empty,
+        not a torch file or truncated is refused, and so is one that another app wrote (a missing one just before
+        anything is built, so that a plan's validation parses a test of the checkpoint its fit will write). Done here,
+        before LightningCLI reads the checkpoint's hyper-parameters, so that a damaged file gets an error that names
+        it instead of an unpickling error, and another app's file one that names that app instead of a parser dump.
         """
         self._args = args
         self._checkpoint_defaults(parser, args)
@@ -236,8 +239,8 @@ class ProjectCLI(LightningCLI):
         if subcommand == "fit" and ckpt_path in AUTO_RESUME:
             self._resume_automatically(config)
         elif ckpt_path is not None and ckpt_path not in LIGHTNING_CKPT_KEYWORDS:
-            if subcommand == "fit":
-                check_checkpoint(ckpt_path)
+            if subcommand == "fit" or Path(ckpt_path).exists():  # a missing one: see before_instantiate_classes
+                check_checkpoint(ckpt_path, subcommand)
             check_origin(ckpt_path, app_of(self.model_class), subcommand)
 
     def _checkpoint_defaults(self, parser: LightningArgumentParser, args: ArgsType) -> None:
@@ -303,9 +306,28 @@ class ProjectCLI(LightningCLI):
         return self.parser.parse_args(self._args, defaults=False, _skip_validation=True)
 
     def before_instantiate_classes(self) -> None:
-        """Refuse what this machine cannot run before anything is built (:mod:`kpca.training.machine_checks`)."""
+        """Refuse what this machine cannot run and option values that would fail inside the run, before any build.
+
+        See :mod:`kpca.training.machine_checks`, :mod:`kpca.training.option_checks` and :meth:`check_options`.
+        """
         if self.subcommand not in (None, CHECK_DATA):
-            check_machine(self.config[self.subcommand].trainer)
+            config = self.config[self.subcommand]
+            ckpt_path = config.get("ckpt_path")
+            if self.subcommand != "fit" and ckpt_path is not None and ckpt_path not in LIGHTNING_CKPT_KEYWORDS:
+                check_checkpoint(ckpt_path, self.subcommand)  # missing: a plan's later step may name a future file
+            check_machine(config.trainer)
+            check_optimizer(config.model.get("optimizer"))
+            self.check_options(config)
+
+    def check_options(self, config: Namespace) -> None:
+        """Refuse options of the app that must agree and do not (nothing here); ``config`` is the subcommand's."""
+
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        """Lightning's Trainer, its refusal of an argument (``MisconfigurationException``) as one error line."""
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except MisconfigurationException as error:
+            raise refused_trainer_options(error) from error
 
     def instantiate_classes(self) -> None:
         """Build the configured classes; for ``check-data`` the datamodule alone (no model, no trainer)."""

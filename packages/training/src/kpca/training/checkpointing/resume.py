@@ -65,15 +65,26 @@ def checkpoint_problem(path: str | Path) -> str | None:
     return None
 
 
-def check_checkpoint(path: str | Path) -> None:
-    """Raise ValueError naming ``path``, what is wrong with it and what to do, unless it is a complete checkpoint."""
+def check_checkpoint(path: str | Path, subcommand: str = "fit") -> None:
+    """Raise ValueError naming ``path``, what is wrong with it and what to do, unless it is a complete checkpoint.
+
+    Args:
+        path: the ``--ckpt_path`` given.
+        subcommand: the command it was given to: ``fit`` resumes from it, the others read its weights.
+    """
     problem = checkpoint_problem(path)
-    if problem is not None:
+    if problem is None:
+        return
+    if subcommand == "fit":
         raise OptionError(
             f"ckpt_path={str(path)!r} cannot be resumed from: {problem}. A node that died while copying it "
             "leaves such a file. Pass another checkpoint, or --ckpt_path auto to resume from the newest readable "
             "checkpoint of this experiment (damaged ones are skipped); move the damaged file away to keep it."
         )
+    raise OptionError(
+        f"{subcommand} cannot read ckpt_path={str(path)!r}: {problem}. Pass a checkpoint file that fit wrote "
+        "(a .ckpt in its run folder's checkpoints/, e.g. runs/lightning_logs/version_0/checkpoints/last.ckpt)."
+    )
 
 
 def read_step(path: str | Path) -> tuple[int, str | None]:

@@ -57,14 +57,26 @@ class OptionDifference:
 
 def _yaml_text(value: object) -> str:
     """A value in YAML's spelling (``null``, ``true``, ``[0, 1]``)."""
-    return json.dumps(value, default=str).replace('"', "") if not isinstance(value, str) else value
+    return json.dumps(value, default=_json_text).replace('"', "") if not isinstance(value, str) else value
 
 
 def plain(value: object) -> object:
-    """A config value as plain JSON types (tuples as lists, Namespaces as dicts), so that saved and parsed compare."""
+    """A config value as plain JSON types (tuples as lists, Namespaces as dicts), so that saved and parsed compare.
+
+    A function or class is its import path (``kpca.segmentation.module.segmenter_sgd``), as a config names it and a
+    checkpoint saves it.
+    """
     if hasattr(value, "as_dict"):
         value = value.as_dict()
-    return json.loads(json.dumps(value, default=str))
+    return json.loads(json.dumps(value, default=_json_text))
+
+
+def _json_text(value: object) -> str:
+    """What a config says for a value JSON has no type for: a function's or class's import path, else ``str``."""
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if callable(value) and isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
+        return f"{module}.{qualname}"
+    return str(value)
 
 
 def trained_model_options(ckpt_path: str | Path) -> dict:
