@@ -266,6 +266,26 @@ def test_a_label_names_the_settings_left_null_by_the_kinds_default_for_the_apps_
 def test_a_folder_without_runs_is_an_error(tmp_path: Path):
     with pytest.raises(ValueError, match="no run under"):
         compare(tmp_path, "vision_cls")
+    with pytest.raises(FileNotFoundError, match=r"missing is not a folder: give the folder the runs were written to"):
+        compare(tmp_path / "missing", "vision_cls")
+
+
+def test_kpca_report_of_another_apps_runs_names_their_task_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    config = _config("rpc", 0)
+    config["model"]["net"]["class_path"] = "kpca.language_model.model.CausalTransformerLM"
+    _run(tmp_path / "lm" / "version_0", config, checkpoint=True)  # a language model's fit
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path), "--task", "vision_cls"])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and error.count("\n") == 1
+    assert error == (
+        f"error: no vision_cls run under {tmp_path}: the runs there are language_model runs; "
+        "pass --task language_model\n"
+    )
+    compare(tmp_path, "vision_cls")  # a plan's report before its evaluations: "No complete runs."
+    assert "No complete runs." in (tmp_path / "comparison.md").read_text()
 
 
 def _lm_config(seed: int, ckpt_path: str | None = None, *, published: bool) -> dict:

@@ -69,3 +69,10 @@ def test_a_full_disk_while_writing_names_the_file_and_the_fix(tmp_path: Path):
     assert str(target) in message and "No space left on device" in message
     assert "--trainer.logger.init_args.save_dir=<folder>" in message
     assert error_line(RuntimeError("a bug")) is None  # anything else keeps its traceback
+
+
+def test_float16_on_the_cpu_is_refused_rather_than_run_as_bfloat16_and_recorded_as_float16(tmp_path: Path):
+    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--trainer.precision=16-mixed")
+    line = assert_one_error_line(done, 4, "trainer.precision=16-mixed", "--trainer.precision=bf16-mixed or 32-true")
+    assert line.startswith("error: trainer.precision=16-mixed is float16 on a CUDA GPU, and this run is on the CPU")
+    assert not (tmp_path / "runs").exists()

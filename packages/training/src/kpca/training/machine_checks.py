@@ -32,6 +32,26 @@ def check_accelerator(accelerator: object) -> None:
     )
 
 
+FLOAT16_PRECISIONS = ("16-mixed", "16", "16-true")
+
+
+def check_precision(accelerator: object, precision: object) -> None:
+    """Refuse float16 precision for a run on the CPU.
+
+    Lightning would run bfloat16 there instead, while the config and every report record float16.
+    """
+    if str(precision) not in FLOAT16_PRECISIONS:
+        return
+    name = str(accelerator).lower() if accelerator is not None else "auto"
+    on_cpu = name == "cpu" or (name == "auto" and not torch.cuda.is_available())
+    if on_cpu:
+        raise MachineError(
+            f"trainer.precision={precision} is float16 on a CUDA GPU, and this run is on the CPU "
+            f"(trainer.accelerator={accelerator}), where Lightning would run bfloat16 while the records say "
+            f"{precision}; use --trainer.precision=bf16-mixed or 32-true on the CPU."
+        )
+
+
 def nearest_existing(folder: Path) -> Path:
     """``folder`` or its nearest ancestor that exists (where creating ``folder`` starts)."""
     folder = folder.absolute()
@@ -62,6 +82,7 @@ def check_writable(folder: Path, option: str) -> None:
 def check_machine(trainer_config) -> None:
     """Check a parsed ``trainer`` section: its accelerator, and the folders its logger and its root write into."""
     check_accelerator(trainer_config.get("accelerator"))
+    check_precision(trainer_config.get("accelerator"), trainer_config.get("precision"))
     logger = trainer_config.get("logger")
     init_args = getattr(logger, "init_args", None)
     save_dir = init_args.get("save_dir") if init_args is not None else None

@@ -15,12 +15,14 @@ references in a block of their own).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import MissingPathError, OptionError
 from kpca.training.errors import run_command
 from kpca.training.files import write_atomic
 from kpca.training.results.collect import collect_runs, group_runs, installed_tasks, report_schema
@@ -60,6 +62,7 @@ def compare(
     only: Iterable[str | Path] | None = None,
     *,
     references: Sequence[str | Path] = (),
+    require_complete: bool = False,
 ) -> Path:
     """Collect the runs under ``root`` and write ``<name>.md``, ``.csv`` and ``.png`` into ``out_dir`` (default root).
 
@@ -71,15 +74,20 @@ def compare(
         only: keep just these run folders (training runs, or standalone evaluations), e.g. a demo's own runs.
         references: CSV files of published numbers (:mod:`kpca.training.results.references`), shown in a block of their
             own and as ``reference (<source>)`` rows of the CSV, never averaged with the runs.
+        require_complete: refuse a folder where no run has this task's report (``kpca-report``), naming why;
+            otherwise the report says "No complete runs." (a plan's report before its evaluations).
 
     Returns:
         The Markdown file.
 
     Raises:
         ValueError: for an unknown ``task``, a folder without any run, or a reference file that does not fit the
-            task's report.
+            task's report; with ``require_complete``, a folder without a complete run of the task.
+        FileNotFoundError: for a ``root`` that does not exist.
     """
     schema = report_schema(task)
+    if not Path(root).is_dir():
+        raise MissingPathError(f"{root} is not a folder: give the folder the runs were written to (e.g. runs/)")
     reference_rows = read_references(references, schema)
     runs = collect_runs(root, schema)
     if only is not None:
@@ -88,6 +96,8 @@ def compare(
     if not runs:
         raise OptionError(f"no run under {root}: expected folders with a LightningCLI config.yaml (e.g. runs/)")
     models, incomplete = group_runs(runs)
+    if require_complete and not models:
+        raise OptionError(_nothing_complete(root, task, incomplete))
     columns = shown_columns(models, schema)
     out = Path(out_dir) if out_dir is not None else Path(root)
     markdown = comparison_markdown(models, incomplete, columns, reference_rows, schema.columns)
@@ -106,6 +116,22 @@ def compare(
         logger.warning("kpca-report: incomplete run %s: %s", run.folder, run.reason)
     logger.info("kpca-report: %d models from %d runs -> %s", len(models), len(runs), written)
     return md_path
+
+
+def _nothing_complete(root: str | Path, task: str, incomplete: Sequence) -> str:
+    """Why no run under ``root`` has a ``task`` report: other apps' runs (named from their configs), or unfinished."""
+    found = {match for run in incomplete for match in _APP_IN_CONFIG.findall(json.dumps(run.config, default=str))}
+    others = sorted((found & set(installed_tasks())) - {task})
+    if others and task not in found:
+        return f"no {task} run under {root}: the runs there are {' and '.join(others)} runs; pass --task {others[0]}"
+    return (
+        f"no complete {task} run under {root}: no run there has an evaluation report yet (of {len(incomplete)}, "
+        f"first {incomplete[0].folder}: {incomplete[0].reason})"
+    )
+
+
+_APP_IN_CONFIG = re.compile(r"\bkpca\.(\w+)\.")
+"""An app's module named in a saved config (``kpca.vision_cls.model.ViTClassifier``): the app that made the run."""
 
 
 def task_listing() -> str:
@@ -173,7 +199,7 @@ def _main(argv: Sequence[str] | None) -> None:
         )
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    path = compare(args.root, args.task, args.out, args.name, references=args.reference)
+    path = compare(args.root, args.task, args.out, args.name, references=args.reference, require_complete=True)
     sys.stdout.write(path.read_text(encoding="utf-8"))
 
 
