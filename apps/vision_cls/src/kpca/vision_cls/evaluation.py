@@ -341,6 +341,8 @@ class RobustnessEvaluator:
                 results[f"{kind}/mean_acc1"] = summary["mean_accuracy"]
                 if summary["mce_comparable"]:
                     results[f"{kind}/mCE"] = summary["mCE"]
+                else:
+                    _log_once(f"{kind}: {summary['note']}")
         if any(s.kind == "imagenet_o" for s in self.eval_sets):
             scores_in, scores_out = (self.ood_scores[k].compute().flatten() for k in ("in", "out"))
             results["imagenet_o/aupr"] = ood_aupr(scores_in, scores_out)
@@ -383,6 +385,12 @@ class RobustnessEvaluator:
                 )
         logger.info("robustness report: %s", ", ".join(str(p) for p in paths))
         return paths
+
+
+@rank_zero_only
+def _log_once(text: str) -> None:
+    """One INFO line, from rank 0 only."""
+    logger.info("%s", text)
 
 
 @rank_zero_only

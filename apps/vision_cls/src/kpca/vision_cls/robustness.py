@@ -164,7 +164,6 @@ def corruption_errors(errors: Mapping[tuple[str, int], float]) -> dict[str, obje
         note = "mCE not comparable (needs the 15 standard corruptions at severities 1-5): " + "; ".join(
             part for part in (_listed("missing", missing), _listed("incomplete severities", partial)) if part
         )
-        logger.info(note)
     mce = sum(corruptions[c]["ce"] for c in IMAGENET_C_CORRUPTIONS) / 15 if comparable else math.nan
     standard = [corruptions[c]["error"] for c in IMAGENET_C_CORRUPTIONS if c in corruptions]
     mean_error = sum(standard) / len(standard) if standard else math.nan
