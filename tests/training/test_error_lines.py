@@ -64,6 +64,29 @@ def test_a_dataloader_workers_error_loses_the_workers_traceback():
     assert error_line(ValueError("a bug's ValueError")) is None  # not the project's check: keeps its traceback
 
 
+@pytest.mark.parametrize(
+    ("error", "rank", "printed"),
+    [
+        ("OptionError('bad option')", {}, True),
+        ("OptionError('bad option')", {"LOCAL_RANK": "1"}, False),  # every rank parses the same options
+        ("OptionError('bad option')", {"RANK": "0", "LOCAL_RANK": "0", "SLURM_PROCID": "0"}, True),
+        ("DataError('rank 1 meets a damaged file')", {"LOCAL_RANK": "1"}, True),  # maybe this rank's alone
+    ],
+)
+def test_an_option_error_under_ddp_is_printed_by_rank_0_alone(error: str, rank: dict, printed: bool):
+    code = (
+        "from kpca.training.errors import run_command, OptionError\n"
+        "from kpca.training.data_checks.problems import DataError\n"
+        f"def main():\n    raise {error}\n"
+        "run_command(main)"
+    )
+    environment = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "NODE_RANK")}
+    environment.pop("SLURM_PROCID", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**environment, **rank})
+    assert done.returncode == (2 if error.startswith("Option") else 3)
+    assert (done.stderr.startswith("error: ")) == printed and "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("status", [0, 1])
 def test_a_command_that_succeeds_or_crashes_is_left_alone(status: int):
     code = "from kpca.training.errors import run_command\n" + (

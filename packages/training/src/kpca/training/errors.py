@@ -84,6 +84,8 @@ def run_command(main: Callable[[], Any]) -> None:
     """Run a console script's ``main``; end on a user error with ``error: <message>`` and its exit status.
 
     Any other exception propagates (a bug keeps its traceback); so does a user error when ``KPCA_TRACEBACK=1``.
+    Under DDP every rank parses the same options, so an option error (status 2) is printed by rank 0 alone; a data or
+    machine error (3, 4), which may be one rank's, by every rank that meets it.
 
     Args:
         main: the command's main function (it parses ``sys.argv`` itself).
@@ -96,5 +98,15 @@ def run_command(main: Callable[[], Any]) -> None:
             raise
         message, status = found
         logging.shutdown()
-        sys.stderr.write(f"error: {message}\n")
+        if status != OptionError.exit_status or not _another_rank():
+            sys.stderr.write(f"error: {message}\n")
         sys.exit(status)
+
+
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+"""Environment variables by which torchrun, Lightning's launcher and Slurm number a process: all 0 on rank 0."""
+
+
+def _another_rank() -> bool:
+    """Whether this process is a DDP rank other than the global rank 0 (a launcher numbered it above 0)."""
+    return any(os.environ.get(name, "0").strip() not in ("", "0") for name in RANK_VARIABLES)
