@@ -142,6 +142,9 @@ def test_a_bad_checkpoint_stops_every_subcommand_in_one_line_naming_it(
         ("--trainer.max_epochs=-5", "the trainer options are refused by Lightning: `max_epochs` must be a "
          "non-negative integer or -1. You passed in -5."),
         ("--data.image_size=48", "data.image_size=48 differs from model.net.init_args.img_size=32"),
+        ("--trainer.devices=3", "Mixup / CutMix (model.mixup_alpha=0.8, model.cutmix_alpha=1.0) pairs the images of "
+         "each device's batch, so that batch must be even, but data.batch_size=16 over 3 device(s) (devices × nodes) "
+         "gives 5 per device. Set data.batch_size to a multiple of 6 (an even batch on each device), e.g. 12 or 18"),
         ("--data.image_size=36 --model.net.init_args.img_size=36", "model.net.init_args.img_size=36 is not a multiple "
          "of patch_size=8: the patches would leave the last 4 pixel rows and columns out; use a multiple, e.g. "
          "--data.image_size=32 --model.net.init_args.img_size=32"),

@@ -52,7 +52,7 @@ def test_an_even_batch_with_mixup_trains_in_the_version_folder_a_refused_start_l
 ):
     refusal(fit(tmp_path, digits_cache_dir, "--data.batch_size=15"), tmp_path)
     logs = tmp_path / "runs" / "lightning_logs"
-    assert not list(logs.iterdir())  # the refused start removed the version_0 it had created
+    assert not logs.exists()  # refused before anything was built: no version folder taken
     done = fit(tmp_path, digits_cache_dir, "--data.batch_size=14")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (logs / "version_0" / "checkpoints" / "last.ckpt").is_file()  # the docs' commands assume version_0

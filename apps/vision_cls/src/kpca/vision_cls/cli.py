@@ -11,12 +11,13 @@ from lightning.pytorch.cli import ArgsType
 from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.weights import load_checkpoint_weights
 from kpca.training.cli import ProjectCLI
+from kpca.training.data import per_device_batch_size
 from kpca.training.errors import run_command
 from kpca.training.trainer import ProjectTrainer
 from kpca.vision_cls.callbacks import AttentionMaps
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.export import export_timm
-from kpca.vision_cls.module import ClassificationModule
+from kpca.vision_cls.module import ClassificationModule, check_mixup_batch
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +71,36 @@ class VisionCLI(ProjectCLI):
         parser.add_lightning_class_args(AttentionMaps, "attention_maps")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
 
+    def _check_batch(self, config) -> None:
+        """The global batch over the processes, checked with Mixup's even per-device batch before anything is built.
+
+        ``data.batch_size`` must split evenly over devices × nodes, and into an even batch per device when Mixup or
+        CutMix is on; the size the first refusal suggests satisfies both (alone, the split's would suggest 15 for 16
+        over 3 devices, which Mixup then refuses).
+        """
+        devices, nodes, batch = (
+            config.trainer.get("devices"),
+            config.trainer.get("num_nodes"),
+            config.data.get("batch_size"),
+        )
+        if isinstance(devices, (list, tuple)):
+            devices = len(devices)
+        elif isinstance(devices, str) and devices.isdigit():  # Lightning's devices option is typed int | str | list
+            devices = int(devices)
+        if not all(isinstance(value, int) and not isinstance(value, bool) for value in (devices, nodes, batch)):
+            return  # "auto" devices: Lightning counts them; the DataModule and the module check then
+        world_size = max(devices, 1) * max(nodes, 1)
+        mixup, cutmix = config.model.get("mixup_alpha") or 0.0, config.model.get("cutmix_alpha") or 0.0
+        if mixup or cutmix:  # first: its suggestion (a multiple of 2 x world_size) also splits evenly
+            check_mixup_batch(batch, world_size, mixup, cutmix)
+        per_device_batch_size(batch, world_size)
+
     def check_options(self, config) -> None:
         """Refuse an image size the ViT cannot take, before timm asserts on the first batch or crops silently.
 
         The data's ``image_size`` must be the net's ``img_size``, a multiple of its ``patch_size``.
         """
+        self._check_batch(config)
         net = (config.model.get("net") or {}).get("init_args") or {}
         img_size, patch_size, image_size = net.get("img_size"), net.get("patch_size"), config.data.get("image_size")
         if not all(isinstance(value, int) for value in (img_size, patch_size, image_size)):
