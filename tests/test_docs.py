@@ -8,7 +8,10 @@ Checked in README.md, CHANGELOG.md, docs/*.md and every packages/*/README.md and
 - every relative Markdown link resolves, and its ``#anchor`` is a heading of the target page;
 - every ``kpca.<module>[.<name>]`` resolves to a module of the repository and a name defined there (not in
   CHANGELOG.md, whose history names modules that no longer exist);
-- no page points outside the repository (``shared/``, ``paper.md``, ``/work/``).
+- no page points outside the repository (``shared/``, ``paper.md``, ``/work/``);
+- the guides speak in the present tense: no page but CHANGELOG.md names one of the project's issues (``issue 37``,
+  ``(#37)``); history belongs in CHANGELOG.md. A reference to another repository's issue (``owner/repo#123``) is
+  fine.
 
 A path counts as a repository path when its first segment is one of the repository's top-level entries
 (``ROOTS``); anything else (``runs/...``, ``~/.cache/kpca``, ``/data/imagenet``, metric keys such as
@@ -58,6 +61,11 @@ FORBIDDEN = {
 }
 
 MODULE_CHECK_EXCLUDED = {"CHANGELOG.md"}  # history names the modules it renamed or removed
+
+HISTORY_PAGES = {"CHANGELOG.md"}  # the one page that tells history, issue numbers included
+
+PROJECT_ISSUE = re.compile(r"\bissues?\s+#?\d+|(?<![\w/.-])#\d+\b", re.I)
+"""A project issue named in prose: ``issue 37``, ``issues 35``, ``issue #37``, ``#37`` (not ``owner/repo#37``)."""
 
 ENTRY_POINT_GROUPS = {"kpca.reports": "the entry-point group kpca-report reads; declared in apps/*/pyproject.toml"}
 """Dotted names that are not modules, each with what it is (checked to be declared by some pyproject.toml)."""
@@ -288,6 +296,35 @@ def test_no_page_points_outside_the_repository(doc: Path):
     text = doc.read_text()
     found = [f"{word!r}: {why}" for word, why in FORBIDDEN.items() if word in text]
     assert not found, f"{doc_id(doc)} mentions {found}"
+
+
+def project_issues(text: str) -> list[str]:
+    """The project issue numbers named in ``text`` outside code and link targets (see ``PROJECT_ISSUE``)."""
+    prose = INLINE_CODE.sub("", FENCE.sub("", text))
+    prose = re.sub(r"\]\([^)]*\)", "]", prose)
+    return PROJECT_ISSUE.findall(prose)
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if doc_id(d) not in HISTORY_PAGES], ids=doc_id)
+def test_no_guide_names_an_issue_number(doc: Path):
+    found = project_issues(doc.read_text())
+    assert not found, f"{doc_id(doc)} names issues {found}: say what is true now, and put the history in CHANGELOG.md"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["as issue 37 decided", "(issue #41)", "see #42.", "Issues 35 and 36"],
+)
+def test_an_issue_number_is_caught(text: str):
+    assert project_issues(text)
+
+
+def test_other_repositories_issues_and_anchors_pass():
+    text = (
+        "([Lightning-AI/pytorch-lightning#21406](https://github.com/Lightning-AI/pytorch-lightning/issues/21406)),"
+        " [a section](docs/attention.md#kinds), `x#1`, pytorch/pytorch#135712, a colour #fff"
+    )
+    assert not project_issues(text), project_issues(text)
 
 
 @pytest.mark.parametrize(
