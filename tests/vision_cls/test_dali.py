@@ -20,8 +20,10 @@ from torchvision.datasets import ImageFolder
 
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input.dali.loader import DaliTrainLoader, image_folder_samples
-from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe, parse_rand_augment
+from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe
 from kpca.vision_cls.input.dali.tables import rand_augment_specs
+from kpca.vision_cls.input.options import check_dali_policy
+from kpca.vision_cls.input.policy import parse_rand_augment
 from kpca.vision_cls.input.samplers import RepeatAugSampler
 from tests.cli_support import CONFIGS, CPU
 
@@ -252,10 +254,20 @@ def test_rand_augment_strings_parse_as_timm(config: str):
     assert [spec.name for spec in rand_augment_specs(ours)] == [op.name for op in theirs.ops] + ["Identity"]
 
 
-@pytest.mark.parametrize("config", ["original", "augmix-m5", "rand-m9-tweights", "rand-m9-x3"])
-def test_policies_without_a_dali_mirror_are_refused(config: str):
-    with pytest.raises(ValueError, match=r"auto_augment=.*data.input=timm|section"):
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ("original", "no RandAugment policy"),
+        ("augmix-m5", "no RandAugment policy"),
+        ("rand-m9-tweights", "section 'tweights'"),
+        ("rand-m9-x3", "section 'x3'"),
+    ],
+)
+def test_policies_without_a_dali_mirror_are_refused(config: str, why: str):
+    with pytest.raises(ValueError, match=f"auto_augment='{config}'.*{why}"):
         parse_rand_augment(config)
+    with pytest.raises(ValueError, match=f"data.input=dali mirrors .*{why}.*data.input=timm"):
+        check_dali_policy(config)
 
 
 def test_rand_augment_changes_images_as_often_as_timm(tree: Path):

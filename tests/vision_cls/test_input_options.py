@@ -36,7 +36,7 @@ COMBINATIONS = [
     ("dali", "workers", {}, r"data.augment_on=workers .* set data.augment_on=device or use data.input=turbo"),
     ("dali", "device", {"builtin": "digits"}, r"not builtin='digits'; set data.root, or use data.input=turbo"),
     ("dali", "device", {"auto_augment": "original"}, r"auto_augment='original'.*use data.input=turbo"),
-    ("dali", "device", {"auto_augment": "rand-m9-tweights"}, r"section 'tweights' has no DALI mirror"),
+    ("dali", "device", {"auto_augment": "rand-m9-tweights"}, r"dali mirrors .*section 'tweights' is not one"),
     ("dali", "device", {"auto_augment": None, "color_jitter": 0.4}, r"data.color_jitter=0.4 .* data.color_jitter=0"),
     ("dali", "device", {"bad_files": "skip"}, r"data.bad_files=skip needs DataLoader workers.*bad_files=error"),
     ("turbo", "device_randaugment", {}, OK),

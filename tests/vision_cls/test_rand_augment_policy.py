@@ -13,9 +13,9 @@ from sklearn.datasets import load_sample_images
 from timm.data import auto_augment as timm_aa
 
 from kpca.vision_cls.input import policy
-from kpca.vision_cls.input.dali.recipe import BINS_PER_LEVEL, parse_rand_augment
-from kpca.vision_cls.input.dali.tables import rand_augment_specs
+from kpca.vision_cls.input.dali.tables import BINS_PER_LEVEL, rand_augment_specs
 from kpca.vision_cls.input.device.pillow_ops import MATRIX_OPS, PIXEL_OPS, run_op
+from kpca.vision_cls.input.policy import parse_rand_augment
 from kpca.vision_cls.input.workers.compiled_rand_augment import COMPILED_OPS, with_compiled_ops
 
 DEIT_HPARAMS = policy.timm_train_hparams(224)  # bicubic, fill (124, 116, 104), translate_const 100

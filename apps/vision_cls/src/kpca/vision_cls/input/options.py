@@ -24,7 +24,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice, keyed_by_choices
 from kpca.training.data_checks.bad_files import BadFilesMode, check_bad_files_options
-from kpca.vision_cls.input.dali.recipe import parse_rand_augment
+from kpca.vision_cls.input.policy import parse_rand_augment
 
 InputPath = Literal["turbo", "timm", "dali"]
 AugmentOn = Literal["device", "workers", "device_randaugment"]
@@ -161,7 +161,7 @@ def check_input_options(
             f"data.root, or use {WORKER_PATHS} for the built-in digits."
         )
     if auto_augment:
-        parse_rand_augment(auto_augment)
+        check_dali_policy(auto_augment)
     elif color_jitter:
         raise OptionError(
             f"data.color_jitter={color_jitter} with auto_augment=None: the DALI path has no mirror of timm's "
@@ -183,6 +183,17 @@ def check_input_options(
 def _described(descriptions: dict[str, str]) -> str:
     """``'a' (what a does), 'b' (what b does)`` for an error message."""
     return ", ".join(f"{name!r} ({what})" for name, what in descriptions.items())
+
+
+def check_dali_policy(auto_augment: str) -> None:
+    """Refuse a ``data.auto_augment`` that the DALI path has no mirror of: it runs timm's ``rand-...`` policies."""
+    try:
+        parse_rand_augment(auto_augment)
+    except OptionError as error:
+        raise OptionError(
+            f"data.input=dali mirrors timm's RandAugment only, and {str(error).rstrip('.')}; use data.input=turbo "
+            "(the default) or data.input=timm for other policies."
+        ) from None
 
 
 def check_device_randaugment(input: str, auto_augment: str | None) -> None:

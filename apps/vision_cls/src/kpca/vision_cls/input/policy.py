@@ -12,11 +12,16 @@ executors run that policy, and each reads it from here:
 * the device (``data.augment_on: device_randaugment``): each image's argument from its draws with
   :func:`arguments`, and Pillow's ops in torch with these constants (:mod:`kpca.vision_cls.input.device`).
 
-tests/vision_cls/test_rand_augment_policy.py holds :data:`LEVELS` and every executor to timm's own ops.
+The policy's string, timm's ``rand-m9-mstd0.5-inc1``, is parsed here too (:func:`parse_rand_augment`): DALI's
+tables and the option checks read its settings; the workers and the device hand the string to timm's own
+``rand_augment_transform``, which this parse matches. tests/vision_cls/test_rand_augment_policy.py holds
+:data:`LEVELS` and every executor to timm's own ops.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +32,8 @@ from timm.data import IMAGENET_DEFAULT_MEAN
 from timm.data.auto_augment import rand_augment_transform
 from timm.data.transforms import str_to_pil_interp
 from torch import Tensor
+
+from kpca.attention.errors import OptionError
 
 LEVEL_DENOM = 10.0
 """timm's ``_LEVEL_DENOM``: magnitude m gives the fraction m / 10 of each op's range."""
@@ -123,6 +130,63 @@ def arguments(name: str, magnitude: Tensor, negate: Tensor, hparams: dict) -> Te
     if level.at_least is not None:
         value = value.clamp(min=level.at_least)
     return value
+
+
+@dataclass(frozen=True)
+class RandAugmentConfig:
+    """timm's RandAugment settings, parsed from its config string (:func:`parse_rand_augment`).
+
+    Attributes:
+        num_layers: Ops applied per image (timm ``n``, default 2).
+        magnitude: Magnitude m on timm's 0-10 scale (timm ``m``, default 10).
+        magnitude_std: Std of the Gaussian noise on m per op (timm ``mstd``); ``inf`` draws m' ~ U(0, m).
+        magnitude_max: Upper clip of the noisy magnitude (timm ``mmax``, default 10).
+        increasing: timm's ``inc1`` op set, whose every op grows stronger with m.
+        prob: Probability of applying each chosen op (timm ``p``, default 0.5).
+    """
+
+    num_layers: int = 2
+    magnitude: float = 10.0
+    magnitude_std: float = 0.0
+    magnitude_max: float = LEVEL_DENOM
+    increasing: bool = False
+    prob: float = 0.5
+
+
+_SECTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "m": ("magnitude", int),
+    "n": ("num_layers", int),
+    "mmax": ("magnitude_max", int),
+    "inc": ("increasing", lambda value: bool(int(value))),
+    "p": ("prob", float),
+    "mstd": ("magnitude_std", lambda value: math.inf if float(value) > 100 else float(value)),
+}
+
+
+def parse_rand_augment(config: str) -> RandAugmentConfig:
+    """Parse a timm RandAugment string such as DeiT's ``"rand-m9-mstd0.5-inc1"`` as timm does.
+
+    Raises:
+        ValueError: For policies other than ``rand`` (AutoAugment, AugMix), timm's ``t`` op sets (the executors run
+            timm's default and ``inc1`` op sets), or an unknown section; the message names the value and the fix.
+    """
+    sections = config.split("-")
+    if sections[0] != "rand":
+        raise OptionError(
+            f"auto_augment={config!r} is no RandAugment policy: those are 'rand-' and their sections (e.g. DeiT's "
+            "'rand-m9-mstd0.5-inc1')."
+        )
+    fields: dict[str, Any] = {}
+    for section in sections[1:]:
+        key, value = (re.split(r"(\d.*)", section) + [""])[:2]
+        if key not in _SECTIONS or not value:
+            raise OptionError(
+                f"auto_augment={config!r}: section {section!r} is not one the policy reads; timm's RandAugment "
+                "sections m, n, mstd, mmax, inc and p are (e.g. 'rand-m9-mstd0.5-inc1'), op sets 't...' are not."
+            )
+        name, convert = _SECTIONS[key]
+        fields[name] = convert(value)
+    return RandAugmentConfig(**fields)
 
 
 def rand_op_names(increasing: bool) -> list[str]:

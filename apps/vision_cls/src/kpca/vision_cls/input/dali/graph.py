@@ -20,8 +20,9 @@ from nvidia.dali.auto_aug import augmentations
 from nvidia.dali.auto_aug.core import select
 from nvidia.dali.data_node import DataNode
 
-from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe, RandAugmentConfig
-from kpca.vision_cls.input.dali.tables import OpSpec, rand_augment_specs
+from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe
+from kpca.vision_cls.input.dali.tables import OpSpec, magnitude_bins, rand_augment_specs
+from kpca.vision_cls.input.policy import RandAugmentConfig
 
 READER_NAME = "train_reader"
 CROP_ATTEMPTS = 10  # timm's RandomResizedCrop tries this many windows before its fallback
@@ -142,7 +143,7 @@ def rand_augment(images: DataNode, config: RandAugmentConfig, ops: Sequence[Timm
     else:
         magnitude = fn.random.normal(mean=config.magnitude, stddev=config.magnitude_std, shape=layers)  # (L,)
     magnitude = dali_math.clamp(magnitude, 0.0, config.magnitude_max)
-    bins = fn.cast(magnitude * (config.bins - 1) / config.magnitude_max, dtype=types.INT32)  # (L,), rounded
+    bins = fn.cast(magnitude * (magnitude_bins(config) - 1) / config.magnitude_max, dtype=types.INT32)  # (L,), rounded
     negated = fn.random.coin_flip(probability=0.5, shape=layers, dtype=types.INT32)  # (L,)
     signed_bins = 2 * bins + negated  # (L,)
     for layer in range(config.num_layers):

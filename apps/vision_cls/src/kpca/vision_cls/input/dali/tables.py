@@ -3,7 +3,7 @@
 timm's ``AugmentOp`` turns a magnitude m (0-10) into each op's argument with a level function and negates some of
 them at random (:mod:`kpca.vision_cls.input.policy`). DALI looks arguments up per sample, so each op here gets a
 table: the argument of every magnitude from 0 to ``magnitude_max`` in steps of 0.01
-(:data:`~kpca.vision_cls.input.dali.recipe.BINS_PER_LEVEL`), each in both signs, at index ``2 * bin + negated``, in
+(:data:`BINS_PER_LEVEL`, :func:`magnitude_bins`), each in both signs, at index ``2 * bin + negated``, in
 the form DALI's operation takes it (:data:`TO_DALI`); :mod:`kpca.vision_cls.input.dali.graph` applies the ops.
 """
 
@@ -16,10 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from kpca.vision_cls.input.dali.recipe import RandAugmentConfig
-from kpca.vision_cls.input.policy import LEVELS, SMOOTH, arguments, rand_op_names
+from kpca.vision_cls.input.policy import LEVELS, SMOOTH, RandAugmentConfig, arguments, rand_op_names
+
+BINS_PER_LEVEL = 100  # magnitude resolution of the tables: 0.01 of timm's magnitude unit
 
 DATA_DEVICE_OPS = ("Posterize", "Solarize", "SolarizeAdd", "Sharpness")  # arguments combined with the pixels
+
+
+def magnitude_bins(config: RandAugmentConfig) -> int:
+    """Magnitude bins of the tables: 0 to ``config.magnitude_max`` by ``1 / BINS_PER_LEVEL``."""
+    return round(config.magnitude_max * BINS_PER_LEVEL) + 1
 
 
 def shift(argument: float) -> list[float]:
@@ -98,8 +104,9 @@ def argument_table(config: RandAugmentConfig, name: str, kind: str) -> np.ndarra
 
     Unsigned at ``2 * bin``, negated at ``2 * bin + 1`` (equal for ops timm never negates).
     """
-    levels = torch.from_numpy(np.linspace(0.0, config.magnitude_max, config.bins)).repeat_interleave(2)  # (2 * bins,)
-    negate = torch.arange(2 * config.bins) % 2 == 1  # (2 * bins,)
+    bins = magnitude_bins(config)
+    levels = torch.from_numpy(np.linspace(0.0, config.magnitude_max, bins)).repeat_interleave(2)  # (2 * bins,)
+    negate = torch.arange(2 * bins) % 2 == 1  # (2 * bins,)
     timm_arguments = arguments(name, levels, negate, {})  # (2 * bins,) float64
     table = np.stack([np.asarray(TO_DALI[kind](argument)) for argument in timm_arguments.tolist()])
     return table.astype(np.float32) if table.dtype == np.float64 else table
