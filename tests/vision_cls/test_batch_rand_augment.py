@@ -12,6 +12,7 @@ from sklearn.datasets import load_sample_images
 from timm.data import auto_augment as timm_aa
 from timm.data.transforms import _pil_interpolation_to_str
 
+from kpca.vision_cls.input import policy
 from kpca.vision_cls.input.device import pillow_ops as ops
 from kpca.vision_cls.input.device.rand_augment import BatchRandAugment, RandAugmentDraws
 from kpca.vision_cls.input.policy import timm_train_hparams
@@ -360,6 +361,31 @@ def test_an_image_alone_gets_the_same_result_as_in_the_batch(images: np.ndarray)
     for index in range(len(batch)):
         alone = replace(draws, **{f.name: getattr(draws, f.name)[index : index + 1] for f in fields(draws)})
         assert torch.equal(augment.apply(batch[index : index + 1], alone), together[index : index + 1])
+
+
+@pytest.mark.parametrize("name", sorted(ops.PIXEL_OPS.keys() | ops.MATRIX_OPS.keys()))
+def test_every_op_gives_a_channels_last_batch_the_pixels_of_a_contiguous_one(images: np.ndarray, name: str):
+    # channels_last is the memory format a GPU run picks for speed: same values, other strides.
+    batch = to_batch(images)  # (B, C, H, W) contiguous
+    channels_last = batch.contiguous(memory_format=torch.channels_last)
+    generator = torch.Generator().manual_seed(0)
+    magnitude = torch.rand(len(batch), generator=generator, dtype=torch.float64) * 10  # (B,)
+    negate = torch.rand(len(batch), generator=generator) < 0.5  # (B,)
+    argument = policy.arguments(name, magnitude, negate, timm_train_hparams())  # (B,)
+    fill = torch.tensor(FILL, dtype=torch.uint8)  # (C,)
+    for mode in ("nearest", "bilinear", "bicubic") if name in ops.MATRIX_OPS else ("bicubic",):
+        expected = ops.run_op(name, batch, argument, fill, mode)
+        got = ops.run_op(name, channels_last, argument, fill, mode)
+        assert torch.equal(got, expected), f"{name} ({mode}) differs on a channels_last batch"
+
+
+@pytest.mark.parametrize("config", [DEIT, "rand-m9-mstd0.5"])
+def test_a_channels_last_batch_is_augmented_as_a_contiguous_one(images: np.ndarray, config: str):
+    augment = BatchRandAugment(config)
+    batch = to_batch(images).repeat(4, 1, 1, 1)  # (32, C, H, W)
+    expected = augment(batch, torch.Generator().manual_seed(3))
+    got = augment(batch.contiguous(memory_format=torch.channels_last), torch.Generator().manual_seed(3))
+    assert torch.equal(got, expected)
 
 
 def test_non_uint8_or_non_rgb_batches_are_refused():

@@ -103,7 +103,7 @@ def _histograms(images: Tensor) -> Tensor:
     n, c = images.shape[:2]
     offsets = torch.arange(n * c, device=images.device).view(n, c, 1) * 256  # (N, C, 1)
     bins = images.reshape(n, c, -1).long() + offsets  # (N, C, H * W)
-    return torch.bincount(bins.view(-1), minlength=n * c * 256).view(n, c, 256)
+    return torch.bincount(bins.reshape(-1), minlength=n * c * 256).view(n, c, 256)
 
 
 def equalize(images: Tensor, arg: Tensor | None = None) -> Tensor:
