@@ -34,20 +34,19 @@ inflate well beyond the live tensors. Times are the minimum over repeats (the le
 On CUDA the report ends with the fused PAP step's bandwidth against its physical floor, a
 ``torch.clone`` of the same bytes, at N in {197, 4096}, D in {64, 72}, bfloat16 and float32, through the
 ``kpca::pap_step`` custom op; with ``--sweep`` also a sweep of the Triton launch configuration (warps and tile size,
-the private constants of ``kpca.attention._triton.ops``, which have no public setting) that picks their values
+through ``kpca.attention.triton_tuning.launched_with``) that picks the backend's default
 (about 40 s more: ``make test-gpu`` leaves it out).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import os
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from harness import Check, check, publish, render_targets, spawn_case, work
@@ -60,6 +59,7 @@ from kpca.attention import (
     twicing_attention,
 )
 from kpca.attention.reference import rpc_attention_reference
+from kpca.attention.triton_tuning import launch_configuration, launched_with
 
 LAMBD = 4.0
 DEFAULT_DTYPES = {"cuda": "bfloat16", "cpu": "float32"}  # --dtype when not given
@@ -185,17 +185,6 @@ def per_call_ms(fn: Callable[[], object], sync: Callable[[], None], calls: int =
     return min(times) * 1e3
 
 
-@contextlib.contextmanager
-def launch_config(ops, num_warps: int, block_elements: int) -> Iterator[None]:
-    """Run the Triton element-wise kernels with ``num_warps`` warps on tiles of ``block_elements`` inside the block."""
-    saved = ops.ELEMENTWISE_NUM_WARPS, ops.MAX_BLOCK_ELEMENTS
-    ops.ELEMENTWISE_NUM_WARPS, ops.MAX_BLOCK_ELEMENTS = num_warps, block_elements
-    try:
-        yield
-    finally:
-        ops.ELEMENTWISE_NUM_WARPS, ops.MAX_BLOCK_ELEMENTS = saved
-
-
 def pap_step_bandwidth(case: dict) -> dict:
     """GB/s of the fused PAP step (``kpca::pap_step``, forward) and of ``torch.clone`` of the same bytes, per case.
 
@@ -204,16 +193,15 @@ def pap_step_bandwidth(case: dict) -> dict:
     device = case["device"]
     k = torch.randn(1, 1, 4, HEAD_DIM, device=device)
     rpc_attention(k, k, n_iter=N_ITER, lambd=LAMBD, backend="triton")  # registers the kpca:: custom ops
-    ops = None
-    if case["sweep"]:
-        from kpca.attention._triton import ops  # the launch constants the sweep varies have no public setting
+    sweep = LAUNCH_SWEEP if case["sweep"] else []
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    rows = [bandwidth_case(ops, device, sync, n, d, getattr(torch, dtype)) for n, d, dtype in BANDWIDTH_CASES]
-    return {"rows": rows, "default": None if ops is None else f"{ops.ELEMENTWISE_NUM_WARPS}/{ops.MAX_BLOCK_ELEMENTS}"}
+    rows = [bandwidth_case(sweep, device, sync, n, d, getattr(torch, dtype)) for n, d, dtype in BANDWIDTH_CASES]
+    default = launch_configuration()
+    return {"rows": rows, "default": f"{default.num_warps}/{default.block_elements}" if sweep else None}
 
 
-def bandwidth_case(ops, device: str, sync, n: int, d: int, dtype: torch.dtype) -> dict:
-    """One row of :func:`pap_step_bandwidth` (``ops``: the launch configurations swept, None for none).
+def bandwidth_case(sweep: list, device: str, sync, n: int, d: int, dtype: torch.dtype) -> dict:
+    """One row of :func:`pap_step_bandwidth`, with the launch configurations of ``sweep`` ((warps, elements) pairs).
 
     K and L are the modules' strided heads of (B, N, H, D).
     """
@@ -229,15 +217,15 @@ def bandwidth_case(ops, device: str, sync, n: int, d: int, dtype: torch.dtype) -
         return step_bytes / per_call_ms(lambda: torch.ops.kpca.pap_step(k, tau, l, z, s), sync) / 1e6
 
     swept = {}
-    for num_warps, block_elements in LAUNCH_SWEEP if ops is not None else ():
-        with launch_config(ops, num_warps, block_elements):
+    for num_warps, block_elements in sweep:
+        with launched_with(num_warps, block_elements):
             swept[f"{num_warps}/{block_elements}"] = step_gbs()
     return {
         "shape": shape,
         "dtype": str(dtype).removeprefix("torch."),
         "mb": step_bytes / MB,
         "clone_gbs": step_bytes / per_call_ms(copied.clone, sync) / 1e6,
-        "pap_step_gbs": step_gbs(),  # the configuration in ops.py
+        "pap_step_gbs": step_gbs(),  # the default launch configuration
         "sweep_gbs": swept,
     }
 
@@ -264,7 +252,7 @@ def render_bandwidth(bandwidth: dict) -> str:
     lines += [
         "",
         "Launch sweep of the element-wise kernels, pap_step GB/s per (num_warps, elements per tile): the values",
-        "of ELEMENTWISE_NUM_WARPS and MAX_BLOCK_ELEMENTS in kpca/attention/_triton/ops.py come from this table.",
+        "of the backend's default (`kpca.attention.triton_tuning.launch_configuration()`) come from this table.",
         "",
         f"| B x H x N x D | dtype | {' | '.join(header)} |",
         f"|---|---|{'---:|' * len(configs)}",

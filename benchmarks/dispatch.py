@@ -1,12 +1,13 @@
 """Host overhead of one attention call, forward + backward, with the Triton launches stubbed out.
 
 The Triton path is launch-bound at ViT sizes: what it costs beyond the kernels is host time, Python and
-the dispatcher, per call. This measures that time on any machine, GPU or not: every jit kernel in
-``kpca.attention._triton.kernels`` is replaced by a stub that records its launch and returns, so the
-Triton backend runs on CPU tensors with nothing computed (its outputs are garbage, only the time and the
-launch count matter). The inputs are tiny (B, H, N, D) = (1, 3, 16, 64) CPU tensors on one thread, so
-that SDPA and the torch path's element-wise ops cost little more than their dispatch; on a GPU each
-launch adds Triton's own launcher (argument binding, a cache lookup), which the stub leaves out.
+the dispatcher, per call. This measures that time on any machine, GPU or not: every jit kernel of the
+Triton backend is replaced by a stub that records its launch and returns
+(``kpca.attention.triton_tuning.stubbed_kernels``), so the Triton backend runs on CPU tensors with nothing
+computed (its outputs are garbage, only the time and the launch count matter). The inputs are tiny
+(B, H, N, D) = (1, 3, 16, 64) CPU tensors on one thread, so that SDPA and the torch path's element-wise ops
+cost little more than their dispatch; on a GPU each launch adds Triton's own launcher (argument binding, a cache
+lookup), which the stub leaves out.
 
 Methods, each ``out = f(k, v)`` then ``torch.autograd.grad(out, inputs, grad)``:
 
@@ -25,7 +26,6 @@ Times are the minimum, over repeats, of the mean over a batch of back-to-back ca
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 import time
 from collections.abc import Callable
@@ -34,49 +34,13 @@ import torch
 import torch.nn.functional as F
 from harness import publish
 
-from kpca.attention import _backend, rpc_attention
+from kpca.attention import rpc_attention
+from kpca.attention.triton_tuning import stubbed_kernels
 
 SHAPE = (1, 3, 16, 64)  # (B, H, N, D)
 LAMBD = 4.0
 CALLS = 50  # back-to-back calls per timed batch
 REPEATS = 40  # batches; the minimum of their means is reported
-
-
-class StubbedKernels:
-    """Context manager: every jit kernel of ``kernels`` records its launches by name instead of running."""
-
-    def __init__(self) -> None:
-        self.launches: collections.Counter[str] = collections.Counter()
-        self._saved: dict[str, object] = {}
-
-    def __enter__(self) -> StubbedKernels:
-        from kpca.attention._triton import kernels
-
-        self._kernels = kernels
-        for name in kernels.__all__:
-            self._saved[name] = getattr(kernels, name)
-            setattr(kernels, name, _StubKernel(name, self.launches))
-        self._device_types = _backend.TRITON_DEVICE_TYPES
-        _backend.TRITON_DEVICE_TYPES = (*self._device_types, "cpu")  # backend="triton" takes the CPU tensors
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for name, kernel in self._saved.items():
-            setattr(self._kernels, name, kernel)
-        _backend.TRITON_DEVICE_TYPES = self._device_types
-
-
-class _StubKernel:
-    """A jit kernel's ``kernel[grid](...)`` that counts the launch and does nothing."""
-
-    def __init__(self, name: str, launches: collections.Counter[str]) -> None:
-        self.name, self.launches = name, launches
-
-    def __getitem__(self, grid) -> Callable[..., None]:
-        def launch(*args, **kwargs) -> None:
-            self.launches[self.name] += 1
-
-        return launch
 
 
 def forward_backward(method: str, n_iter: int) -> tuple[Callable[[], object], Callable[[], object]]:
@@ -114,16 +78,16 @@ def host_us(fn: Callable[[], object], calls: int = CALLS, repeats: int = REPEATS
 def measure(n_iter: int) -> list[dict]:
     """One row per method: host µs forward and forward + backward, and the Triton launches of each direction."""
     rows = []
-    with StubbedKernels() as stub:
+    with stubbed_kernels() as launches:
         for method in ("sdpa", "rpc torch", "rpc triton"):
             forward, step = forward_backward(method, n_iter)
-            stub.launches.clear()
+            launches.clear()
             out = forward()
-            launches_forward = sum(stub.launches.values())
+            launches_forward = sum(launches.values())
             del out
-            stub.launches.clear()
+            launches.clear()
             step()
-            launches_backward = sum(stub.launches.values()) - launches_forward
+            launches_backward = sum(launches.values()) - launches_forward
             rows.append(
                 {
                     "method": method,

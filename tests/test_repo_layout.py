@@ -60,6 +60,40 @@ def test_no_app_imports_another_app(app: str):
     )
 
 
+PRIVATE_ATTENTION = re.compile(r"\bkpca\.attention\._\w+|\bfrom kpca\.attention import (?:\(\s*)?_\w+")
+OUTSIDE_THE_LIBRARY = ("apps", "benchmarks", "docker", "packages/training", "tools")
+
+
+def private_attention_imports(text: str) -> list[str]:
+    """The lines of ``text`` that import or name a private module of kpca.attention (``kpca.attention._triton``)."""
+    return [line.strip() for line in text.splitlines() if PRIVATE_ATTENTION.search(line)]
+
+
+def test_nothing_outside_the_attention_library_reaches_its_private_modules():
+    offenders = [
+        f"{path.relative_to(ROOT)}: {line}"
+        for folder in OUTSIDE_THE_LIBRARY
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line in private_attention_imports(path.read_text(encoding="utf-8"))
+    ]
+    assert not offenders, (
+        "code outside packages/attention uses its public API only (the benchmarks' Triton hooks are "
+        "kpca.attention.triton_tuning):\n" + "\n".join(offenders)
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from kpca.attention._triton import ops",
+        "from kpca.attention import _backend, rpc_attention",
+        "x = kpca.attention._pap.PapFirst",
+    ],
+)
+def test_a_private_import_is_caught(line: str):
+    assert private_attention_imports(line)
+
+
 def _requirement_closure(distribution: str) -> set[str]:
     """Names of the distributions that installing ``distribution`` (no extras) pulls in, read from the metadata."""
     seen: set[str] = set()
