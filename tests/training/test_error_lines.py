@@ -158,3 +158,46 @@ def test_an_option_torch_or_lightning_would_refuse_inside_the_run_is_one_line_be
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith(f"error: {message}")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("source", ["env", "option"])
+def test_a_cache_folder_with_a_file_in_its_path_is_one_line_naming_the_setting(tmp_path: Path, source: str):
+    a_file = tmp_path / "cache.txt"
+    a_file.write_text("not a folder")
+    cache = a_file / "kpca"  # a file in the path
+    env = {"KPCA_CACHE": str(cache)} if source == "env" else {}
+    option = [f"--data.cache_dir={cache}"] if source == "option" else []
+    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.cache_dir=null", *option, **env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    setting = f"KPCA_CACHE={cache}" if source == "env" else f"data.cache_dir={cache}"
+    assert done.stderr.splitlines()[-1] == (
+        f"error: {setting} cannot be the cache folder: {a_file} is a file, not a folder; pass "
+        "--data.cache_dir=<folder> or set KPCA_CACHE=<folder> to a writable folder."
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_write_refused_inside_the_cache_names_the_cache_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("KPCA_CACHE", str(tmp_path / "cache"))
+    refused = PermissionError(13, "Permission denied", str(tmp_path / "cache" / "digits-32px"))
+    message, status = error_line(refused)
+    assert status == 4 and "(the cache folder): Permission denied" in message and "KPCA_CACHE=<folder>" in message
+    elsewhere = PermissionError(13, "Permission denied", str(tmp_path / "runs" / "x"))
+    assert "--trainer.logger.init_args.save_dir" in error_line(elsewhere)[0]
+
+
+def test_the_language_models_hub_data_offline_is_one_line_with_status_3(tmp_path: Path):
+    command = [
+        sys.executable, "-m", "kpca.language_model", "fit", "-c", str(CPU), "-c",
+        str(CONFIGS / "language_model" / "smoke.yaml"), "--data.data_dir=null", "--trainer.fast_dev_run=1",
+    ]  # fmt: skip
+    environment = {key: value for key, value in os.environ.items() if key != TRACEBACK_ENV_VAR}
+    environment.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", KPCA_CACHE=str(tmp_path / "cache"))
+    environment["HF_HOME"] = str(tmp_path / "hf")  # an empty HF cache: nothing of wikitext is there
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("error: could not load 'wikitext' / 'wikitext-103-raw-v1' with HF datasets (")
+    assert last.endswith("data.data_dir=builtin uses the built-in corpus.")

@@ -386,13 +386,14 @@ class WikiTextDataModule(ProjectDataModule):
                     mode="w",
                     encoding="utf-8",
                 )
-        except Exception as error:
-            raise RuntimeError(
-                f"could not load {self.hparams.hf_path!r} / {self.hparams.hf_name!r} with HF datasets ({error}). "
-                "Either set data_dir to a folder with WikiText-103's wiki.train.raw, wiki.valid.raw and "
+        except Exception as error:  # noqa: BLE001 (any failure of the hub or its cache: the message says both fixes)
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise DataError(
+                f"could not load {self.hparams.hf_path!r} / {self.hparams.hf_name!r} with HF datasets ({reason}). "
+                "Either set data.data_dir to a folder with WikiText-103's wiki.train.raw, wiki.valid.raw and "
                 "wiki.test.raw (wiki.*.tokens with text_files: tokens), or make the dataset reachable for "
                 "datasets.load_dataset (network access to the hub, or a local HF cache with HF_DATASETS_OFFLINE=1); "
-                "data_dir: builtin uses the built-in corpus"
+                "data.data_dir=builtin uses the built-in corpus."
             ) from error
         return folder
 

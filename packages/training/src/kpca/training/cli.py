@@ -64,7 +64,7 @@ from kpca.training.checkpointing.trained_options import (
 from kpca.training.data_checks.bad_files import BadFilesMonitor
 from kpca.training.files import write_atomic
 from kpca.training.help_text import PlainHelpFormatter
-from kpca.training.machine_checks import check_machine
+from kpca.training.machine_checks import check_cache_folder, check_machine
 from kpca.training.option_checks import check_optimizer, refused_trainer_options
 from kpca.training.parser import ProjectArgumentParser
 from kpca.training.run_lock import RunLock
@@ -310,6 +310,8 @@ class ProjectCLI(LightningCLI):
 
         See :mod:`kpca.training.machine_checks`, :mod:`kpca.training.option_checks` and :meth:`check_options`.
         """
+        if self.subcommand is not None:
+            check_cache_folder(_data_setting(self.config[self.subcommand], "cache_dir"))
         if self.subcommand not in (None, CHECK_DATA):
             config = self.config[self.subcommand]
             ckpt_path = config.get("ckpt_path")
@@ -463,6 +465,14 @@ def _leaves(prefix: str, options: dict) -> list[tuple[str, object]]:
         nested = isinstance(value, dict) and value and CLASS_PATH not in value
         leaves += _leaves(dotted, value) if nested else [(dotted, value)]
     return leaves
+
+
+def _data_setting(config: Namespace, name: str) -> Any:
+    """The ``data`` section's setting ``name`` of a subcommand's config (None where the section has none)."""
+    data = config.get("data")
+    if data is not None and "init_args" in data:  # a datamodule given by class path
+        data = data.init_args
+    return data.get(name) if data is not None else None
 
 
 def _typed_value(words: list[str], option: str) -> str | None:

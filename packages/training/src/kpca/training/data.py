@@ -10,7 +10,6 @@ in the app's ``data.py``; :func:`require_datamodule` checks the trainer's datamo
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -21,17 +20,13 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from kpca.attention.errors import OptionError
+from kpca.training.cache_folder import default_cache_dir
 from kpca.training.data_checks.problems import DataProblem
 from kpca.training.resumable import ResumableLoader, resumable_loader
 
 T = TypeVar("T")
 P = TypeVar("P")
 _MISSING = object()
-
-
-def default_cache_dir() -> Path:
-    """Where generated data goes: ``$KPCA_CACHE`` (``~`` expanded) if set, else ``~/.cache/kpca``."""
-    return Path(os.environ.get("KPCA_CACHE", Path.home() / ".cache" / "kpca")).expanduser()
 
 
 def resolve_cache_dir(cache_dir: str | Path | None, app_folder: str = "") -> Path:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kpca.attention.errors import MissingPathError, OptionError, UserError
+from kpca.training.cache_folder import CACHE_FIX, inside_default_cache
 
 __all__ = [
     "MachineError",
@@ -63,8 +64,10 @@ def user_message(error: BaseException) -> str:
 
 
 def disk_message(error: OSError) -> str:
-    """An operating-system error about the disk as a sentence with the file and the fix."""
+    """An operating-system error about the disk as a sentence with the file and the fix (the cache's or the run's)."""
     where = f" {error.filename}" if error.filename else ""
+    if inside_default_cache(error.filename):
+        return f"cannot write{where} (the cache folder): {error.strerror or error}. Free space, or {CACHE_FIX}."
     return (
         f"cannot write{where}: {error.strerror or error}. Free space or choose a writable folder for the run: "
         "--trainer.logger.init_args.save_dir=<folder> (and --trainer.default_root_dir=<folder>)."

@@ -7,11 +7,14 @@ and the fix; nothing is created on the way (the folder check writes one temporar
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
 import torch
 
+from kpca.attention.errors import OptionError
+from kpca.training.cache_folder import CACHE_FIX, cache_folder_source
 from kpca.training.errors import MachineError
 
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -77,6 +80,23 @@ def check_writable(folder: Path, option: str) -> None:
             f"cannot write the run folder {folder} ({option}): {error.strerror or error} ({existing}). Choose a "
             f"folder on a writable disk with space: --{option}=<folder>."
         ) from None
+
+
+def check_cache_folder(cache_dir: str | Path | None) -> None:
+    """Refuse a cache folder (``data.cache_dir``, ``$KPCA_CACHE``) that cannot hold generated data, naming the setting.
+
+    A file in its path is refused (an option error); so is a folder that does not exist and cannot be created (its
+    nearest existing folder is not writable: a machine error). An existing folder is accepted even when read-only:
+    the data may already be there (a shared cache), and a write it still needs names the same fix.
+    """
+    folder, source = cache_folder_source(cache_dir)
+    existing = nearest_existing(folder)
+    if not existing.is_dir():
+        raise OptionError(f"{source} cannot be the cache folder: {existing} is a file, not a folder; {CACHE_FIX}.")
+    if existing != folder.absolute() and not os.access(existing, os.W_OK | os.X_OK):
+        raise MachineError(
+            f"{source}: cannot create the cache folder {folder}: {existing} is not writable; {CACHE_FIX}."
+        )
 
 
 def check_machine(trainer_config) -> None:
