@@ -125,6 +125,7 @@ def test_a_second_identical_auto_resume_refuses_naming_the_first_which_finishes_
     assert "error: Another process is writing into this experiment" in second.stderr
     assert f"process {first.pid} on {socket.gethostname()}" in second.stderr and "fit -c" in second.stderr
     assert "replace --ckpt_path auto by --ckpt_path null" in second.stderr
+    assert "auto resume" not in second.stderr  # a refused fit restores nothing, so it says nothing of restoring
     assert first.returncode == 0, first_stderr.decode()[-3000:]
     assert sorted(p.name for p in experiment.iterdir()) == ["version_0"]  # no second version, no lock left
     checkpoints = sorted(p.name for p in (run_folder / "checkpoints").iterdir())

@@ -141,6 +141,8 @@ class ProjectCLI(LightningCLI):
     """What the app's command does, shown by ``--help``."""
     _experiment_lock: Path | None = None
     """The experiment's lock file of ``fit --ckpt_path auto`` (set while resolving it)."""
+    _auto_resume_notes: list[tuple[int, str]]
+    """What ``--ckpt_path auto`` found, as (level, message), logged once the run holds its locks."""
     _args: ArgsType = None
     """The arguments the command was given (None: ``sys.argv``), parsed again for what the user typed."""
     trained_differences: list[OptionDifference] = []
@@ -153,6 +155,7 @@ class ProjectCLI(LightningCLI):
 
     def __init__(self, model_class, datamodule_class, args: ArgsType = None) -> None:
         console_logging()
+        self._auto_resume_notes = []
         super().__init__(
             model_class,
             datamodule_class,
@@ -357,6 +360,8 @@ class ProjectCLI(LightningCLI):
             with ExitStack() as locks:
                 if subcommand == "fit" and self.trainer.global_rank == 0 and not self.trainer.fast_dev_run:
                     self._lock_run(locks)
+                for level, note in self._auto_resume_notes:  # after the locks: a refused fit restores nothing
+                    logger.log(level, note)
                 super()._run_subcommand(subcommand)
         except BaseException:
             if new_folder and not _work_started(self.trainer):
@@ -420,15 +425,20 @@ class ProjectCLI(LightningCLI):
         found = resolve_auto_resume(config, yaml.safe_load(self._parser("fit").dump(config, skip_none=False)))
         self._experiment_lock = found.lock
         resume = found.resume
-        if rank_zero_only.rank == 0:  # every process resolves the same files; one of them tells
+        if rank_zero_only.rank == 0:  # every process resolves the same files; one tells, once it holds the locks
             for path, reason in resume.skipped:
-                logger.warning("auto resume: skipping %s: %s", path, reason)
+                self._auto_resume_notes.append((logging.WARNING, f"auto resume: skipping {path}: {reason}"))
             if resume.checkpoint is None:
-                logger.info(
-                    "auto resume: no readable checkpoint of this experiment in %s; starting fresh", found.experiment_dir
+                self._auto_resume_notes.append(
+                    (
+                        logging.INFO,
+                        f"auto resume: no readable checkpoint of this experiment in {found.experiment_dir}; starting "
+                        "fresh",
+                    )
                 )
             else:
-                logger.info("auto resume: restoring %s (step %d)", resume.checkpoint, resume.step)
+                note = f"auto resume: restoring {resume.checkpoint} (step {resume.step})"
+                self._auto_resume_notes.append((logging.INFO, note))
         if resume.checkpoint is None:
             config.ckpt_path = None
             return
