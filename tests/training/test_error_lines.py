@@ -201,3 +201,25 @@ def test_the_language_models_hub_data_offline_is_one_line_with_status_3(tmp_path
     last = done.stderr.splitlines()[-1]
     assert last.startswith("error: could not load 'wikitext' / 'wikitext-103-raw-v1' with HF datasets (")
     assert last.endswith("data.data_dir=builtin uses the built-in corpus.")
+
+
+def test_a_start_that_fails_before_its_first_batch_leaves_no_folder_of_a_named_logger(tmp_path: Path):
+    data = tmp_path / "data"
+    for label in ("a", "b"):  # a training split without the validation split
+        (data / "train" / label).mkdir(parents=True)
+    done = vision_cls(
+        tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={data}",
+        "--trainer.logger.init_args.name=named",
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1].startswith(f"error: {data / 'val'} is not a directory")
+    assert "removed runs: the run failed before its first batch" in done.stderr
+    assert not (tmp_path / "runs").exists()  # neither runs/named/version_0 nor the runs/named it was created in
+    (tmp_path / "runs" / "named").mkdir(parents=True)
+    (tmp_path / "runs" / "named" / "notes.txt").write_text("the user's")
+    done = vision_cls(
+        tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={data}",
+        "--trainer.logger.init_args.name=named",
+    )  # fmt: skip
+    assert done.returncode == 3
+    assert sorted(p.name for p in (tmp_path / "runs" / "named").iterdir()) == ["notes.txt"]  # what was there stays

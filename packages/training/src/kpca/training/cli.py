@@ -355,7 +355,7 @@ class ProjectCLI(LightningCLI):
                 raise SystemExit(1)
             return
         folder = _run_folder(self.trainer) if self.trainer.global_rank == 0 else None
-        new_folder = folder is not None and not folder.exists()
+        created = _missing_folders(folder) if folder is not None else []  # the run folder and its new parents
         try:
             with ExitStack() as locks:
                 if subcommand == "fit" and self.trainer.global_rank == 0 and not self.trainer.fast_dev_run:
@@ -364,8 +364,8 @@ class ProjectCLI(LightningCLI):
                     logger.log(level, note)
                 super()._run_subcommand(subcommand)
         except BaseException:
-            if new_folder and not _work_started(self.trainer):
-                _remove_unused_run_folder(folder)  # after the locks are released: they live in it
+            if created and not _work_started(self.trainer):
+                _remove_unused_run_folder(created)  # after the locks are released: they live in it
             raise
         leave_process_group()
 
@@ -521,16 +521,34 @@ def _work_started(trainer: pl.Trainer) -> bool:
     return any(loop.batch_progress.total.started for loop in loops) or trainer.global_step > 0
 
 
-def _remove_unused_run_folder(folder: Path) -> None:
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and each parent of it that does not exist yet, innermost first (``[]`` when ``folder`` exists)."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_unused_run_folder(created: list[Path]) -> None:
     """Remove the run folder that a start which failed before any batch created, so the next try reuses its name.
 
-    Only a folder holding nothing but what starting writes (its config, an empty log) goes: the next attempt then
-    gets the same ``version_N``. A folder holding a checkpoint or a report is kept.
+    ``created`` is the run folder and the parents its start created (the logger's ``runs/<name>``), innermost first.
+    Only a run folder holding nothing but what starting writes (its config, an empty log) goes: the next attempt then
+    gets the same ``version_N``. A folder holding a checkpoint or a report is kept. The created parents go with it
+    while they are empty.
     """
+    folder = created[0]
     kept = [path for path in folder.rglob("*") if path.is_file() and not _start_file(path)]
     if kept:
         return
     shutil.rmtree(folder, ignore_errors=True)
+    for parent in created[1:]:
+        try:
+            parent.rmdir()  # only while empty: another run may have started in it meanwhile
+        except OSError:
+            break
+        folder = parent
     logger.info("removed %s: the run failed before its first batch", folder)
 
 
