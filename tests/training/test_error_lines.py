@@ -223,3 +223,14 @@ def test_a_start_that_fails_before_its_first_batch_leaves_no_folder_of_a_named_l
     )  # fmt: skip
     assert done.returncode == 3
     assert sorted(p.name for p in (tmp_path / "runs" / "named").iterdir()) == ["notes.txt"]  # what was there stays
+
+
+def test_a_training_split_of_one_class_is_one_line_with_status_3(tmp_path: Path):
+    data = tmp_path / "data"
+    (data / "train" / "only").mkdir(parents=True)
+    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={data}")
+    assert done.returncode == 3, done.stderr[-3000:]  # torchmetrics refused num_classes=1 in a traceback
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        f"error: {data / 'train'} has 1 class folder(s) (only); a classifier needs at least two."
+    )

@@ -39,7 +39,7 @@ from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
 from kpca.training.data import ProjectDataModule, require_built
 from kpca.training.data_checks.bad_files import BadFilesMode
-from kpca.training.data_checks.problems import DataProblem
+from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
 from kpca.vision_cls.data_checks import check_image_folders, evaluation_set, require_nonempty_class_folders
 from kpca.vision_cls.eval_data import IMAGENET_C_LAYOUT, EvalData, EvalSet
@@ -225,8 +225,18 @@ class ImageNetDataModule(ProjectDataModule):
 
     @property
     def num_classes(self) -> int:
-        """Number of classes: 10 for digits, the number of class folders in ``root/train`` otherwise."""
-        return len(self.classes)
+        """Number of classes: 10 for digits, the number of class folders in ``root/train`` otherwise.
+
+        Raises:
+            DataError: ``root/train`` has fewer than two class folders (a classifier needs two classes).
+        """
+        classes = self.classes
+        if len(classes) < 2:
+            raise DataError(
+                f"{self.data_root / 'train'} has {len(classes)} class folder(s) ({', '.join(classes)}); a classifier "
+                f"needs at least two. Expected the layout {IMAGENET_LAYOUT}."
+            )
+        return len(classes)
 
     @property
     def mean(self) -> tuple[float, float, float]:
