@@ -56,6 +56,12 @@ def _last_global_step_saved() -> None:
     assert "_last_global_step_saved" in inspect.getsource(ModelCheckpoint._should_skip_saving_checkpoint)
 
 
+def _val_loop_has_run() -> None:
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    assert trainer.fit_loop.epoch_loop.val_loop._has_run is False
+    assert "val_loop._has_run" in inspect.getsource(ModelCheckpoint._save_topk_checkpoint)
+
+
 def _accelerator_connector() -> None:
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
     assert trainer._accelerator_connector.cluster_environment is not None
@@ -99,6 +105,10 @@ PRIVATE_NAMES = {
         "kpca/training/checkpointing/callback.py Checkpoint: the condition under which Lightning writes last.ckpt",
         _last_global_step_saved,
     ),
+    "EvaluationLoop._has_run": (
+        "kpca/training/checkpointing/callback.py Checkpoint: a save point before the first validation is quiet",
+        _val_loop_has_run,
+    ),
     "Trainer._accelerator_connector": (
         "kpca/training/callbacks.py DeferredSlurmRequeue: the SLURM environment and its requeue signal",
         _accelerator_connector,
@@ -136,6 +146,7 @@ USED_AS = {
     "ModelCheckpoint.__warn_if_dir_not_empty": "_ModelCheckpoint__warn_if_dir_not_empty",
     "ModelCheckpoint._save_topk_checkpoint": "_save_topk_checkpoint",
     "ModelCheckpoint._last_global_step_saved": "_last_global_step_saved",
+    "EvaluationLoop._has_run": "val_loop._has_run",
     "Trainer._accelerator_connector": "._accelerator_connector",
     "FitLoop._combined_loader_states_to_load": "._combined_loader._load_state_dicts(",
     "hparams '_instantiator'": "_instantiator",
