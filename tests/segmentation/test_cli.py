@@ -6,9 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from kpca.segmentation.cli import SegmentationCLI, main
@@ -123,6 +125,14 @@ def test_predict_subcommand_gives_label_maps_at_the_original_size(short_fit: Seg
     assert [name for batch in batches for name in batch["names"]] == [f"ADE_val_{i:08d}" for i in range(4)]
     pred = batches[0]["preds"][0]
     assert pred.shape == (48, 48) and pred.dtype == torch.uint8 and int(pred.max()) < 150
+    out = Path(cli.trainer.log_dir)
+    with (out / "predictions.csv").open(newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    assert [(row["index"], row["name"]) for row in rows] == [(str(i), f"ADE_val_{i:08d}") for i in range(4)]
+    for row, map_ in zip(rows, [pred for batch in batches for pred in batch["preds"]], strict=True):
+        assert row["label_map"] == f"predictions/{row['name']}.png" and (row["height"], row["width"]) == ("48", "48")
+        written = np.asarray(Image.open(out / row["label_map"]))
+        assert written.dtype == np.uint8 and np.array_equal(written, map_.numpy())  # the class indices, lossless
 
 
 @pytest.mark.slow

@@ -157,6 +157,30 @@ def test_test_subcommand_writes_robustness_reports(
 
 
 @EMA_IN_EVAL_MODE
+@NEW_CHECKPOINT_DIR
+def test_predict_writes_each_validation_images_top5_and_says_where(
+    short_fit: VisionCLI, digits_cache_dir: Path, caplog: pytest.LogCaptureFixture
+):
+    root = Path(short_fit.trainer.default_root_dir)
+    path = Path(short_fit.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    caplog.set_level(logging.INFO, logger="kpca")
+    cli = run("predict", *smoke(root, digits_cache_dir), f"--ckpt_path={path}")
+    table = Path(cli.trainer.log_dir) / "predictions.csv"
+    with table.open() as stream:
+        rows = list(csv.DictReader(stream))
+    val_set = cli.datamodule.val_set
+    assert [int(row["index"]) for row in rows] == list(range(len(val_set)))  # every image once, in order
+    assert f"predictions of {len(val_set)} items written to {table}" in caplog.text
+    classes = cli.datamodule.classes
+    probabilities = torch.cat(cli.trainer.predict_loop.predictions)  # (N, C): predict_step's softmax
+    for row, p in zip(rows, probabilities, strict=True):
+        assert Path(row["file"]).is_file() and Path(row["file"]).parent.name == row["label"] in classes
+        top5 = row["top5"].split()
+        assert top5 == [classes[c] for c in p.topk(5).indices.tolist()] and top5[0] == row["prediction"]
+        assert float(row["probability"]) == pytest.approx(p.max().item(), abs=1e-6)
+
+
+@EMA_IN_EVAL_MODE
 def test_auto_resume_skips_a_damaged_last_checkpoint_and_an_explicit_one_is_refused(
     tmp_path: Path, digits_cache_dir: Path, caplog: pytest.LogCaptureFixture
 ):
@@ -248,6 +272,12 @@ def csv_rows(folder: Path) -> dict[str, list[dict[str, str]]]:
     return rows
 
 
+def prediction_rows(folder: Path) -> list[dict[str, str]]:
+    """The rows of the ``predictions.csv`` that ``predict`` wrote into ``folder``."""
+    with open(folder / "predictions.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def assert_same_rows(left: list[dict[str, str]], right: list[dict[str, str]]) -> None:
     """Equal report rows: the same columns and text, numbers within float32 rounding (any columns, e.g. ``n``)."""
     assert len(left) == len(right)
@@ -273,7 +303,7 @@ def test_two_process_ddp_validate_and_test_count_every_image_once(
         '--model.evaluator.attacks=[{"name": "fgsm", "eps": [0.03137255]}]',  # deterministic, unlike PGD's start
     ]  # fmt: skip
     ddp_root, single_root = tmp_path / "ddp", tmp_path / "single"
-    for subcommand in ("validate", "test"):
+    for subcommand in ("validate", "test", "predict"):
         command = [sys.executable, "-m", "kpca.vision_cls", subcommand, *smoke(ddp_root, digits_cache_dir, *options)]
         run_to_the_end([*map(str, command), "--trainer.devices=2", "--trainer.strategy=ddp"], tmp_path)
     ddp_runs = ddp_root / "runs" / "lightning_logs"
@@ -289,3 +319,10 @@ def test_two_process_ddp_validate_and_test_count_every_image_once(
     for name, rows in reports.items():
         assert_same_rows(rows, expected[name])
     assert any(row["metric"].startswith("attack/fgsm") for row in reports["robustness.csv"])
+    single_predict = run("predict", *smoke(single_root, digits_cache_dir, *options))
+    predicted = prediction_rows(ddp_runs / "version_2")  # both ranks' rows, written once by rank 0
+    expected_rows = prediction_rows(Path(single_predict.trainer.log_dir))
+    assert [row["index"] for row in predicted] == [str(i) for i in range(9)]
+    for row, one in zip(predicted, expected_rows, strict=True):
+        assert float(row.pop("probability")) == pytest.approx(float(one.pop("probability")), abs=1e-5)
+        assert row == one

@@ -5,15 +5,21 @@ Legend: C channels (3), H0 x W0 original image, K classes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning.pytorch as pl
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
+from PIL import Image
 
 from kpca.segmentation.data import SegmentationData
 from kpca.segmentation.metrics import IGNORE_INDEX
 from kpca.training.callbacks import tensorboard_writer
 from kpca.training.data import require_datamodule
+from kpca.training.files import write_atomic
+from kpca.training.predictions import TablePredictionWriter
 
 
 def overlay(image: torch.Tensor, labels: torch.Tensor, palette: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
@@ -69,3 +75,27 @@ class SegmentationOverlays(pl.Callback):
             plain = overlay(image, torch.full_like(label, IGNORE_INDEX), palette)
             panels = [plain, overlay(image, label, palette, self.alpha), overlay(image, pred, palette, self.alpha)]
             writer.add_image(f"predictions/{name}", torch.cat(panels, dim=-1), global_step=trainer.global_step)
+
+
+class LabelMapWriter(TablePredictionWriter):
+    """``segmentation predict``: each validation image's label map as a PNG, listed in ``predictions.csv``.
+
+    The maps go to ``<run folder>/predictions/<image name>.png``, written by the process that predicted them: 8-bit
+    grayscale at the image's original size, each pixel its class index (0-149 for ADE20K, the ground truth's
+    numbering after ``reduce_zero_label``). ``predictions.csv`` lists ``index`` (in the validation set), ``name``,
+    ``label_map`` (the PNG's path in the run folder), ``height`` and ``width``.
+    """
+
+    def rows(self, trainer, pl_module, predictions, indices) -> list[dict]:
+        folder = Path(trainer.log_dir or trainer.default_root_dir) / "predictions"  # a collective: every rank asks
+        folder.mkdir(parents=True, exist_ok=True)
+        maps = [pair for batch in predictions for pair in zip(batch["names"], batch["preds"], strict=True)]
+        rows = []
+        for index, (name, pred) in zip(indices, maps, strict=True):
+            path = folder / f"{name}.png"
+            image = Image.fromarray(pred.cpu().numpy().astype(np.uint8))  # (H0, W0) class indices
+            write_atomic(path, lambda stream, image=image: image.save(stream, format="PNG"))
+            height, width = pred.shape
+            rows.append({"index": index, "name": name, "label_map": f"predictions/{path.name}", "height": height,
+                         "width": width})  # fmt: skip
+        return rows

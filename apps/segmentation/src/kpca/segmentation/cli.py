@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lightning.pytorch.cli import ArgsType
 
-from kpca.segmentation.callbacks import SegmentationOverlays
+from kpca.segmentation.callbacks import LabelMapWriter, SegmentationOverlays
 from kpca.segmentation.data import ADE20KDataModule
 from kpca.segmentation.module import SegmentationModule
 from kpca.training.cli import ProjectCLI
@@ -24,6 +24,7 @@ class SegmentationCLI(ProjectCLI):
 
     def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(SegmentationOverlays, "overlays")
+        parser.add_lightning_class_args(LabelMapWriter, "prediction_writer")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
 
 

@@ -6,6 +6,7 @@ Legend: B batch, H heads, N tokens (1 class token + P patches), D head dim, G = 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -16,6 +17,10 @@ from torch import nn
 from kpca.attention import RPCAttention
 from kpca.attention.capture import project_qkv, record_attention_inputs
 from kpca.training.callbacks import tensorboard_writer
+from kpca.training.data import require_datamodule
+from kpca.training.predictions import TablePredictionWriter
+from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.data_checks import sample_path
 
 
 def class_token_attention(attn: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -81,3 +86,33 @@ class AttentionMaps(pl.Callback):
         images = self._images
         heat = F.interpolate(heat.cpu(), size=images.shape[-2:], mode="nearest").expand(-1, 3, -1, -1)
         return torch.cat([images, heat], dim=-1).clamp(0, 1)  # (B, 3, H, 2W)
+
+
+class ClassPredictionWriter(TablePredictionWriter):
+    """``vision-cls predict``: each validation image's top-5 classes and probabilities, to ``predictions.csv``.
+
+    Columns: ``index`` (in the validation set), ``file``, ``label`` (its class folder), ``prediction`` (the top-1
+    class), ``probability`` (its softmax probability) and ``top5`` (the five likeliest classes, likeliest first).
+    """
+
+    def rows(self, trainer, pl_module, predictions, indices) -> list[dict]:
+        data = require_datamodule(trainer, ImageNetDataModule)
+        classes = data.classes
+        probabilities = torch.cat([batch.float().cpu() for batch in predictions]) if predictions else torch.empty(0, 0)
+        k = min(5, len(classes))
+        top = probabilities.topk(k, dim=-1) if len(indices) else None  # (N, k) values and indices
+        rows = []
+        for row, index in enumerate(indices):
+            file = Path(sample_path(data.val_set, index))
+            best = top.indices[row].tolist()
+            rows.append(
+                {
+                    "index": index,
+                    "file": str(file),
+                    "label": file.parent.name,
+                    "prediction": classes[best[0]],
+                    "probability": f"{top.values[row, 0].item():.6f}",
+                    "top5": " ".join(classes[c] for c in best),
+                }
+            )
+        return rows

@@ -14,7 +14,7 @@ from kpca.training.cli import ProjectCLI
 from kpca.training.data import per_device_batch_size
 from kpca.training.errors import run_command
 from kpca.training.trainer import ProjectTrainer
-from kpca.vision_cls.callbacks import AttentionMaps
+from kpca.vision_cls.callbacks import AttentionMaps, ClassPredictionWriter
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.export import export_timm
 from kpca.vision_cls.module import ClassificationModule, check_mixup_batch
@@ -69,6 +69,7 @@ class VisionCLI(ProjectCLI):
 
     def add_app_arguments(self, parser) -> None:
         parser.add_lightning_class_args(AttentionMaps, "attention_maps")
+        parser.add_lightning_class_args(ClassPredictionWriter, "prediction_writer")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
 
     def _check_batch(self, config) -> None:
