@@ -104,6 +104,26 @@ def test_language_model_runs_link_by_relative_checkpoint_paths_and_average_over_
     )
 
 
+def test_a_plans_labels_and_order_name_the_models_in_the_table_and_the_figure(tmp_path: Path):
+    folders = {}
+    for kind, acc1 in (("symmetric", 0.5), ("rpc", 0.6)):
+        for seed in (0, 1):
+            folder = tmp_path / "runs" / kind / f"seed{seed}"
+            _run(folder, _config(kind, seed), report=_robustness(acc1 + seed / 100))
+            folders[folder] = {"symmetric": "SymViT", "rpc": "RPC-SymViT (2 PAP iterations)"}[kind]
+    labels = dict(reversed(list(folders.items())))  # the plan lists RPC first here
+    compare(tmp_path / "runs", "vision_cls", tmp_path / "out", labels=labels)
+    with (tmp_path / "out" / "comparison.csv").open() as stream:
+        models = [row["model"] for row in csv.DictReader(stream)]
+    assert models == ["RPC-SymViT (2 PAP iterations)", "SymViT"]
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert table.index("| RPC-SymViT (2 PAP iterations) |") < table.index("| SymViT |")
+    compare(tmp_path / "runs", "vision_cls", tmp_path / "plain")  # without a plan: labelled by their settings
+    with (tmp_path / "plain" / "comparison.csv").open() as stream:
+        plain = sorted(row["model"] for row in csv.DictReader(stream))
+    assert plain == ["rpc n_iter=2 lambd=4.0", "symmetric n_iter=2 lambd=4.0"]
+
+
 def test_a_compiled_seed_is_a_seed_of_the_same_model(tmp_path: Path):
     for seed, compiled in ((1, False), (2, True)):
         config = _config("rpc", seed)
@@ -220,10 +240,11 @@ def test_kpca_report_names_the_files_it_writes_and_what_its_figure_shows(tmp_pat
     assert (runs / "comparison.png").is_file()
     assert caplog.messages[-1] == (
         f"kpca-report: 1 models from 2 runs -> {runs / 'comparison.md'} and comparison.csv; figure "
-        f"{runs / 'comparison.png'}: each model's mean of each metric over its seeds as bars, the std as error bars"
+        f"{runs / 'comparison.png'}: a panel per metric with each model's mean over its seeds and the std as error "
+        "bars, its axis spanning the values"
     )
     attacks = figure_description(["clean/acc1", "attack/pgd/eps1", "attack/fgsm/eps1", "attack/fgsm/eps2"])
-    assert attacks.endswith("error bars; accuracy against ε for each attack (fgsm, pgd)")
+    assert attacks.endswith("spanning the values; accuracy against ε for each attack (fgsm, pgd)")
     assert figure_description(["attack/fgsm/eps1"]) == "accuracy against ε for each attack (fgsm)"
 
 

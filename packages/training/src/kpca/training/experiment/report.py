@@ -151,7 +151,8 @@ def comparison_section(plan: Plan, task: str, runs: Mapping[PlannedRun, Run]) ->
     heading = f"## Results (`kpca-report {shown(plan.out)} --task {task}`)\n\n"
     if not runs:
         return f"{heading}No run has a checkpoint or an evaluation report yet.\n"
-    md_path = compare(plan.out, task, plan.out, COMPARISON, only=[run.folder for run in runs.values()])
+    labels = {run.folder: planned.label for planned, run in runs.items()}  # plan order, the plan's words
+    md_path = compare(plan.out, task, plan.out, COMPARISON, only=list(labels), labels=labels)
     figure = md_path.with_suffix(".png")
     image = f"![comparison]({figure.name})\n\n" if figure.is_file() else ""
     return f"{heading}{image}{md_path.read_text(encoding='utf-8')}"

@@ -19,13 +19,13 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from kpca.attention.errors import MissingPathError, OptionError
 from kpca.training.errors import run_command
 from kpca.training.files import write_atomic
-from kpca.training.results.collect import collect_runs, group_runs, installed_tasks, report_schema
+from kpca.training.results.collect import Model, collect_runs, group_runs, installed_tasks, report_schema
 from kpca.training.results.references import read_references
 from kpca.training.results.render import (
     comparison_figure,
@@ -54,6 +54,21 @@ without a report are listed with the reason. --reference adds published numbers 
 model, source, protocol and the report's metric names) as a separate block, never averaged in."""
 
 
+def labelled_in_order(models: Sequence[Model], labels: Mapping[str | Path, str]) -> list[Model]:
+    """``models`` under the label of their first run folder in ``labels``, in that mapping's order (others last)."""
+    position = {Path(folder).resolve(): index for index, folder in enumerate(labels)}
+    label_of = {Path(folder).resolve(): label for folder, label in labels.items()}
+
+    def first(model: Model) -> int:
+        return min((position.get(run.folder.resolve(), len(position)) for run in model.runs), default=len(position))
+
+    for model in models:
+        named = [label_of[run.folder.resolve()] for run in model.runs if run.folder.resolve() in label_of]
+        if named:
+            model.label = named[0]
+    return sorted(models, key=first)
+
+
 def compare(
     root: str | Path,
     task: str,
@@ -63,6 +78,7 @@ def compare(
     *,
     references: Sequence[str | Path] = (),
     require_complete: bool = False,
+    labels: Mapping[str | Path, str] | None = None,
 ) -> Path:
     """Collect the runs under ``root`` and write ``<name>.md``, ``.csv`` and ``.png`` into ``out_dir`` (default root).
 
@@ -76,6 +92,9 @@ def compare(
             own and as ``reference (<source>)`` rows of the CSV, never averaged with the runs.
         require_complete: refuse a folder where no run has this task's report (``kpca-report``), naming why;
             otherwise the report says "No complete runs." (a plan's report before its evaluations).
+        labels: run folder -> the label of its model (an experiment plan's words); the models are then listed in the
+            order of their first folder in this mapping, in the table and in the figure, and the others after them
+            under their own labels.
 
     Returns:
         The Markdown file.
@@ -96,6 +115,8 @@ def compare(
     if not runs:
         raise OptionError(f"no run under {root}: expected folders with a LightningCLI config.yaml (e.g. runs/)")
     models, incomplete = group_runs(runs)
+    if labels is not None:
+        models = labelled_in_order(models, labels)
     if require_complete and not models:
         raise OptionError(_nothing_complete(root, task, incomplete))
     columns = shown_columns(models, schema)

@@ -189,15 +189,27 @@ def figure_description(columns: Sequence[str]) -> str:
     """What :func:`comparison_figure` of ``columns`` shows, in words (for the line that names its file)."""
     parts = []
     if any(not c.startswith("attack/") for c in columns):
-        parts.append("each model's mean of each metric over its seeds as bars, the std as error bars")
+        parts.append(
+            "a panel per metric with each model's mean over its seeds and the std as error bars, its axis spanning "
+            "the values"
+        )
     attacks = attack_names(columns)
     if attacks:
         parts.append(f"accuracy against ε for each attack ({', '.join(attacks)})")
     return "; ".join(parts)
 
 
+FIGURE_COLUMNS = 4
+"""Panels per row of the comparison figure."""
+
+
 def comparison_figure(models: Sequence[Model], columns: Sequence[str]):
-    """Bars (mean, error bar = std over seeds) of the non-attack metrics; accuracy against ε for each attack."""
+    """A panel per non-attack metric (each model's mean, error bar = std over seeds); accuracy against ε per attack.
+
+    Each metric has its own axis, scaled to its values with a margin, so that gaps of 0.01 between models show
+    (bars from 0, or a top-5 accuracy near 1 beside a perplexity, would hide them). Models keep their order and
+    colour in every panel.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,23 +217,34 @@ def comparison_figure(models: Sequence[Model], columns: Sequence[str]):
 
     attacks = attack_names(columns)
     plain = [c for c in columns if not c.startswith("attack/")]
-    fig, axes = plt.subplots(1, 1 + len(attacks), figsize=(6 + 4 * len(attacks), 4), squeeze=False)
-    width = 0.8 / max(len(models), 1)
-    for i, model in enumerate(models):
-        stats = [mean_std([r.metrics[c] for r in model.runs if c in r.metrics]) for c in plain]
-        axes[0, 0].bar(
-            [j + i * width for j in range(len(plain))], [m for m, _ in stats], width,
-            yerr=[s or 0.0 for _, s in stats], capsize=3, label=model.label,
-        )  # fmt: skip
-        for ax, attack in zip(axes[0, 1:], attacks, strict=True):
-            names = [c for c in columns if c.startswith(f"attack/{attack}/")]
-            eps = [float(c.split("/")[2].removeprefix("eps")) for c in names]
+    panels = len(plain) + len(attacks)
+    across = min(FIGURE_COLUMNS, max(panels, 1))
+    down = math.ceil(max(panels, 1) / across)
+    fig, axes = plt.subplots(down, across, figsize=(3.6 * across + 1, 3.2 * down + 0.6), squeeze=False)
+    flat = list(axes.flat)
+    colours = [f"C{i % 10}" for i in range(len(models))]
+    for ax, column in zip(flat, plain, strict=False):
+        for i, (model, colour) in enumerate(zip(models, colours, strict=True)):
+            mean, std = mean_std([r.metrics[column] for r in model.runs if column in r.metrics])
+            if not math.isnan(mean):
+                ax.errorbar([i], [mean], yerr=[std or 0.0], marker="o", capsize=4, color=colour, label=model.label)
+        ax.set_xticks(range(len(models)), [""] * len(models))
+        ax.set_xlim(-0.6, len(models) - 0.4)
+        ax.margins(y=0.25)
+        ax.set_title(column, fontsize=9)
+    for ax, attack in zip(flat[len(plain) :], attacks, strict=False):
+        names = [c for c in columns if c.startswith(f"attack/{attack}/")]
+        eps = [float(c.split("/")[2].removeprefix("eps")) for c in names]
+        for model, colour in zip(models, colours, strict=True):
             stats = [mean_std([r.metrics[c] for r in model.runs if c in r.metrics]) for c in names]
-            ax.errorbar(eps, [m for m, _ in stats], yerr=[s or 0.0 for _, s in stats], marker="o", label=model.label)
-            ax.set(title=attack, xlabel="ε (x 1/255)", ylabel="accuracy")
-    axes[0, 0].set_xticks([j + 0.4 - width / 2 for j in range(len(plain))], plain, rotation=30, ha="right")
-    for ax in axes[0]:
+            ax.errorbar(eps, [m for m, _ in stats], yerr=[s or 0.0 for _, s in stats], marker="o", color=colour,
+                        label=model.label)  # fmt: skip
+        ax.set(title=attack, xlabel="ε (x 1/255)", ylabel="accuracy")
+    for ax in flat[panels:]:
+        ax.axis("off")
+    for ax in flat[:panels]:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(models), 3), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(models) / 3), 1, 1))
     return fig
