@@ -23,7 +23,7 @@ from kpca.attention import (
     neutreno_attention,
     softmax_attention,
 )
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 from kpca.attention.swap import swap_attention
 from kpca.attention.vit import create_vit
 from tests.values_per_call import held_tensors
@@ -237,5 +237,5 @@ def test_a_scripted_module_reading_earlier_values_equals_eager_forward_and_backw
         torch.testing.assert_close(got_grad, want, rtol=1e-12, atol=1e-12)
     with pytest.raises(torch.jit.Error, match="attention in block 1 reads the"):
         scripted(x1)
-    with pytest.raises(OptionError, match="does not apply to kind 'elliptical'"):
+    with pytest.raises(AttentionOptionError, match="does not apply to kind 'elliptical'"):
         AttentionSpec(kind="elliptical", lambd=0.6)

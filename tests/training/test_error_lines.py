@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 from kpca.training.data_checks.problems import DataError
-from kpca.training.errors import TRACEBACK_ENV_VAR, error_line, user_message
+from kpca.training.errors import TRACEBACK_ENV_VAR, OptionError, UserError, error_line, user_message
 from tests.cli_support import CONFIGS, CPU
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
@@ -62,6 +62,8 @@ def test_a_dataloader_workers_error_loses_the_workers_traceback():
     assert error_line(wrapped) == (user_message(wrapped), 3)
     assert error_line(OptionError("bad")) == ("bad", 2)
     assert error_line(ValueError("a bug's ValueError")) is None  # not the project's check: keeps its traceback
+    assert error_line(AttentionOptionError("n_iter must be >= 1")) == ("n_iter must be >= 1", 2)  # an option typed
+    assert not isinstance(AttentionOptionError("x"), UserError)  # the library carries no exit-status policy
 
 
 @pytest.mark.parametrize(

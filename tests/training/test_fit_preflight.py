@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.training.module import NetModule
 
 # Lightning's own warning about the empty loader, which the refusal then explains.

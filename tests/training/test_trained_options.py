@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.trained_options import (
     OptionDifference,
     check_weights_fit,
@@ -13,6 +12,7 @@ from kpca.training.checkpointing.trained_options import (
     typed_over_trained,
     weight_mismatches,
 )
+from kpca.training.errors import OptionError
 
 NET = "kpca.vision_cls.model.ViTClassifier"
 TRAINED = {

@@ -11,9 +11,9 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from kpca.attention.errors import OptionError
 from kpca.language_model.data import LanguageData
 from kpca.training.data import require_datamodule
+from kpca.training.errors import OptionError
 from kpca.training.files import write_atomic
 
 logger = logging.getLogger(__name__)

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from kpca.attention.errors import MissingPathError
 from kpca.language_model.data_checks import find_invalid_utf8, invalid_utf8_problem
 from kpca.training.choices import check_choice, choices
 from kpca.training.data_checks.problems import DataError
+from kpca.training.errors import MissingPathError
 from kpca.training.files import write_atomic
 
 Split = Literal["train", "valid", "test"]

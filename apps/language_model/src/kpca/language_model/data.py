@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from kpca.attention.errors import OptionError
 from kpca.language_model.corpus import (
     SPLITS,
     Split,
@@ -43,6 +42,7 @@ from kpca.training.choices import check_choice
 from kpca.training.data import ProjectDataModule
 from kpca.training.data_checks.check_data import check_in_workers
 from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.errors import OptionError
 from kpca.training.files import write_atomic
 
 BUILTIN = "builtin"

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kpca.attention import AttentionSpec, index_attention_blocks
-from kpca.attention.errors import OptionError
 from kpca.language_model.output_heads import WIKITEXT103_CUTOFFS, AdaptiveHead, SoftmaxHead
 from kpca.training.choices import check_choice, choices
+from kpca.training.errors import OptionError
 
 NormPosition = Literal["pre", "post"]
 Positions = Literal["sinusoidal", "learned"]

@@ -11,10 +11,10 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
-from kpca.attention.errors import OptionError
 from kpca.language_model.data import LanguageData
 from kpca.language_model.perplexity import NLLTotals, perplexity_rows, write_perplexity_report
 from kpca.training.data import require_built, require_datamodule
+from kpca.training.errors import OptionError
 from kpca.training.module import CompileOptions, NetModule
 from kpca.training.optim import parameter_groups, warmup_cosine
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 
 WIKITEXT103_CUTOFFS = (20000, 40000, 200000)  # the authors' (KPCA-S lm/src_attack/train.py:336-341)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torchmetrics import Metric
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, config_entry, record_protocol
 from kpca.training.results.schema import ReportSchema
 from kpca.training.results.tables import markdown_table, write_report

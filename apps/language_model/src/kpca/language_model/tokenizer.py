@@ -22,11 +22,11 @@ from typing import Literal
 import numpy as np
 import sentencepiece as spm
 
-from kpca.attention.errors import OptionError
 from kpca.language_model.corpus import file_digest
 from kpca.language_model.word_tokenizer import WordTokenizer, build_word_tokenizer
 from kpca.training.choices import check_choice
 from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.errors import OptionError
 from kpca.training.files import write_tree_atomic
 
 UNK_ID, EOS_ID = 0, 1  # sentencepiece's; the word vocabulary puts <eos> first (id 0), as the authors'

@@ -31,8 +31,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
+from kpca.training.errors import OptionError
 
 # NLTK's English stopword list (nltk.corpus.stopwords.words("english"), 179 words), kept here to avoid a download.
 STOPWORDS = frozenset(

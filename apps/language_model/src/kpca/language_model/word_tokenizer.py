@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kpca.attention.errors import OptionError
 from kpca.language_model.corpus import file_digest, iter_lines
+from kpca.training.errors import OptionError
 from kpca.training.files import write_tree_atomic
 
 EOS, UNK = "<eos>", "<unk>"

@@ -23,7 +23,7 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.training.files import write_tree_atomic
 
 OUTLINES = ("disc", "square", "triangle", "ring")

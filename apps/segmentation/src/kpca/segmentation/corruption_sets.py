@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice, choices
+from kpca.training.errors import OptionError
 from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_SEVERITIES, check_corruptions
 
 ELLIPTICAL_CORRUPTIONS: tuple[str, ...] = (

@@ -32,7 +32,6 @@ from mmseg.datasets import ADE20KDataset
 from mmseg.registry import TRANSFORMS
 from torch.utils.data import DataLoader, Dataset
 
-from kpca.attention.errors import MissingPathError, OptionError
 from kpca.segmentation.builtin_data import SyntheticADE20K, write_synthetic_ade20k
 from kpca.segmentation.data_checks import guard_pipeline, pair_problems, split_problems
 from kpca.segmentation.eval_data import EvalData
@@ -40,6 +39,7 @@ from kpca.training.data import ProjectDataModule, evenly_spaced, require_built
 from kpca.training.data_checks.bad_files import BadFilesMode, NamedFileErrors, check_bad_files_options
 from kpca.training.data_checks.check_data import check_in_workers
 from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.errors import MissingPathError, OptionError
 from kpca.training.images.corruptions import check_corruptions, corrupt_seeded
 
 ADE20K_LAYOUT = (

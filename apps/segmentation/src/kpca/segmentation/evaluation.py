@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from kpca.attention.errors import OptionError
 from kpca.segmentation.corruption_sets import ELLIPTICAL_SET
+from kpca.training.errors import OptionError
 from kpca.training.eval_subset import EVAL_SUBSET
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, record_protocol
 from kpca.training.results.schema import ReportSchema

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 
 
 def window_origins(size: int, window: int, stride: int) -> list[int]:

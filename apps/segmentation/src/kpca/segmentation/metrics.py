@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torchmetrics import Metric
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 
 IGNORE_INDEX = 255
 """The label of pixels left out of losses and metrics (ADE20K's 0 "other" after ``reduce_zero_label``)."""

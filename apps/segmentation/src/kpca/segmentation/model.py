@@ -18,10 +18,10 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from kpca.attention import AttentionSpec, swap_attention
-from kpca.attention.errors import OptionError
 from kpca.attention.vit import Arch, PixelViT
 from kpca.attention.vit_blocks import ValuePassingBlock
 from kpca.training.checkpointing.weights import read_state_dict
+from kpca.training.errors import OptionError
 
 logger = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from torchmetrics import MeanMetric
 
-from kpca.attention.errors import OptionError
 from kpca.segmentation.data import SegmentationData
 from kpca.segmentation.evaluation import corruption_results, write_reports
 from kpca.segmentation.inference import predict_label_map
 from kpca.segmentation.metrics import IGNORE_INDEX, SegmentationMetrics
 from kpca.training.data import require_datamodule
+from kpca.training.errors import OptionError
 from kpca.training.module import CompileOptions, NetModule
 from kpca.training.optim import polynomial
 

@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
+from kpca.training.errors import OptionError
 
 AttackName = Literal["fgsm", "pgd", "spsa"]
 AttackSpace = Literal["pixel", "reference"]

@@ -8,11 +8,10 @@ from pathlib import Path
 import lightning.pytorch as pl
 from lightning.pytorch.cli import ArgsType
 
-from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.weights import load_checkpoint_weights
 from kpca.training.cli import ProjectCLI
 from kpca.training.data import per_device_batch_size
-from kpca.training.errors import run_command
+from kpca.training.errors import OptionError, run_command
 from kpca.training.trainer import ProjectTrainer
 from kpca.vision_cls.callbacks import AttentionMaps, ClassPredictionWriter
 from kpca.vision_cls.data import ImageNetDataModule

@@ -35,11 +35,11 @@ from timm.data.transforms import str_to_interp_mode
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
 from kpca.training.data import ProjectDataModule, require_built
 from kpca.training.data_checks.bad_files import BadFilesMode
 from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.errors import OptionError
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
 from kpca.vision_cls.data_checks import check_image_folders, evaluation_set, require_nonempty_class_folders
 from kpca.vision_cls.eval_data import IMAGENET_C_LAYOUT, EvalData, EvalSet

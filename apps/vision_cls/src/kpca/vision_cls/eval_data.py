@@ -34,9 +34,9 @@ from torch.utils.data import Dataset, Subset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
-from kpca.attention.errors import OptionError
 from kpca.training.choices import choices
 from kpca.training.data import evenly_spaced
+from kpca.training.errors import OptionError
 from kpca.training.eval_subset import check_eval_subset
 from kpca.training.images.corruptions import check_corruptions
 from kpca.vision_cls.corrupted import CorruptedDataset

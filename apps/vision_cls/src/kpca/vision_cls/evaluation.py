@@ -24,8 +24,8 @@ from torch import nn
 from torchmetrics import CatMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from kpca.attention.errors import OptionError
 from kpca.training.choices import choices
+from kpca.training.errors import OptionError
 from kpca.training.eval_subset import EVAL_SUBSET
 from kpca.training.results.protocol import WHOLE_TEST_SET, ProtocolRule, Setting, config_entry, record_protocol
 from kpca.training.results.schema import ReportSchema

@@ -8,7 +8,7 @@ from pathlib import Path
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
-from kpca.attention.errors import MissingPathError, OptionError
+from kpca.training.errors import MissingPathError, OptionError
 
 
 class ClassListImageFolder(ImageFolder):

@@ -16,8 +16,8 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from kpca.attention.errors import OptionError
 from kpca.training.data import require_datamodule
+from kpca.training.errors import OptionError
 from kpca.training.module import CompileOptions, NetModule
 from kpca.training.optim import parameter_groups, warmup_cosine
 from kpca.vision_cls.data import VisionData

@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_average_precision
 
-from kpca.attention.errors import MissingPathError, OptionError
 from kpca.training.choices import check_choice
+from kpca.training.errors import MissingPathError, OptionError
 from kpca.training.images.corruptions import IMAGENET_C_CORRUPTIONS, IMAGENET_C_GROUPS, IMAGENET_C_SEVERITIES
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from typing import Literal, TypeVar, get_args
 
 import torch
 
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 
 Backend = Literal["auto", "torch", "triton"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -54,7 +54,7 @@ _triton_ran = False  # Triton's first launch under "auto" worked: it is not chec
 def check_backend(backend: str, source: str = "backend") -> None:
     """Raise ``ValueError`` unless ``backend`` is one of :data:`BACKENDS`."""
     if backend not in BACKENDS:
-        raise OptionError(f"{source} must be one of {BACKENDS}, got {backend!r}")
+        raise AttentionOptionError(f"{source} must be one of {BACKENDS}, got {backend!r}")
 
 
 def set_backend(backend: Backend) -> None:

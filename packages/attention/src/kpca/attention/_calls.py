@@ -19,7 +19,7 @@ import torch
 
 from kpca.attention._masks import masked_sdpa
 from kpca.attention._pap import pap_attention
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 from kpca.attention.functional import rpc_attention, softmax_attention
 from kpca.attention.robust import elliptical_attention, neutreno_attention, rescaled_sdpa, twicing_attention
 
@@ -100,7 +100,7 @@ def rpc_call(
 def refuse_token_order(is_causal: bool, key_padding_mask: torch.Tensor | None) -> None:
     """Scaled Attention S mixes values across all N tokens: no causal mask or key padding can hold."""
     if is_causal or key_padding_mask is not None:
-        raise OptionError(
+        raise AttentionOptionError(
             "ScaledAttention mixes values across all tokens (A (I - S) V), so it cannot be causal or take a "
             "key_padding_mask; use kind 'scaled_alpha' (causal and padding safe) or plain softmax attention"
         )
@@ -117,7 +117,7 @@ def scaled_values(
     refuse_token_order(is_causal, key_padding_mask)
     n, built_for = v.shape[2], s_matrix.shape[-1]
     if n != built_for:
-        raise OptionError(
+        raise AttentionOptionError(
             f"ScaledAttention was built for num_tokens={built_for} but got N={n} tokens; build it "
             "(AttentionSpec.num_tokens) for the model's sequence length"
         )

@@ -8,7 +8,7 @@ from typing import Literal, get_args
 
 import torch
 
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 
 Convention = Literal["reference", "pcp"]
 """PAP's conventions (RPC): the authors' mu and threshold, or textbook PCP's."""
@@ -25,14 +25,14 @@ def check_qkv(**tensors: torch.Tensor) -> tuple[int, int, int, int]:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
         if t.dim() != 4:
-            raise OptionError(
+            raise ValueError(
                 f"{name} must have rank 4, (B, H, N, D), got shape {tuple(t.shape)}; "
                 "split heads first, e.g. x.view(B, N, H, D).transpose(1, 2)"
             )
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
         if t.shape != first.shape:
-            raise OptionError(
+            raise ValueError(
                 f"{name} shape {tuple(t.shape)} does not match {first_name} shape {tuple(first.shape)}; "
                 "they must be equal (B, H, N, D)"
             )
@@ -60,7 +60,7 @@ def check_attn_mask(attn_mask: torch.Tensor | None, b: int, h: int, n: int) -> N
     except RuntimeError:
         ok = False
     if not ok:
-        raise OptionError(
+        raise ValueError(
             f"attn_mask shape {tuple(attn_mask.shape)} does not broadcast to (B, H, N, N) = {(b, h, n, n)}; "
             "use (N, N), (B, 1, N, N) or (B, H, N, N)"
         )
@@ -74,13 +74,13 @@ def check_key_padding_mask(key_padding_mask: torch.Tensor | None, b: int, n: int
         got = key_padding_mask.dtype if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__
         raise TypeError(f"key_padding_mask must be a bool tensor (True = padded), got {got}")
     if tuple(key_padding_mask.shape) != (b, n):
-        raise OptionError(f"key_padding_mask shape {tuple(key_padding_mask.shape)} must be (B, N) = {(b, n)}")
+        raise ValueError(f"key_padding_mask shape {tuple(key_padding_mask.shape)} must be (B, N) = {(b, n)}")
 
 
 def check_dropout(dropout_p: float) -> None:
     """Check a dropout probability in [0, 1)."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, Real) or not 0.0 <= dropout_p < 1.0:
-        raise OptionError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+        raise AttentionOptionError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
 
 
 def check_scale(scale: float | None) -> None:
@@ -88,7 +88,7 @@ def check_scale(scale: float | None) -> None:
     if scale is None:
         return
     if isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale) or scale <= 0:
-        raise OptionError(f"scale must be a positive finite float or None (1/sqrt(D)), got {scale!r}")
+        raise AttentionOptionError(f"scale must be a positive finite float or None (1/sqrt(D)), got {scale!r}")
 
 
 def check_pap_args(n_iter: int, lambd: float, convention: str, embed_dim: int | None) -> None:
@@ -96,18 +96,18 @@ def check_pap_args(n_iter: int, lambd: float, convention: str, embed_dim: int | 
     if isinstance(n_iter, bool) or not isinstance(n_iter, Integral):
         raise TypeError(f"n_iter must be an int >= 1, got {n_iter!r} ({type(n_iter).__name__})")
     if n_iter < 1:
-        raise OptionError(f"n_iter must be >= 1 (the number of attention evaluations), got {n_iter}")
+        raise AttentionOptionError(f"n_iter must be >= 1 (the number of attention evaluations), got {n_iter}")
     if isinstance(lambd, bool) or not isinstance(lambd, Real):
         raise TypeError(f"lambd must be a positive finite float, got {lambd!r} ({type(lambd).__name__})")
     if not math.isfinite(lambd) or lambd <= 0:
-        raise OptionError(f"lambd must be a positive finite float (the paper uses 4.0), got {lambd!r}")
+        raise AttentionOptionError(f"lambd must be a positive finite float (the paper uses 4.0), got {lambd!r}")
     if convention not in CONVENTIONS:
-        raise OptionError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+        raise AttentionOptionError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     if embed_dim is not None:
         if isinstance(embed_dim, bool) or not isinstance(embed_dim, Integral) or embed_dim < 1:
-            raise OptionError(f"embed_dim must be a positive int or None (H * D), got {embed_dim!r}")
+            raise AttentionOptionError(f"embed_dim must be a positive int or None (H * D), got {embed_dim!r}")
         if convention != "reference":
-            raise OptionError(
+            raise AttentionOptionError(
                 f"embed_dim={embed_dim} only applies to convention='reference'; convention='pcp' uses the head dim D"
             )
 
@@ -123,7 +123,7 @@ def check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b: int, h:
 def check_elliptical_convention(convention: str) -> None:
     """Check Elliptical's convention: ``causal`` (ours) or ``reference`` (the authors' code)."""
     if convention not in ELLIPTICAL_CONVENTIONS:
-        raise OptionError(
+        raise AttentionOptionError(
             f"Elliptical's convention must be one of {ELLIPTICAL_CONVENTIONS} (causal: ours, strictly causal; "
             f"reference: the authors' code), got {convention!r}"
         )

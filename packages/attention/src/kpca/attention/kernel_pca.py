@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import torch
 
 from kpca.attention import _checks
-from kpca.attention.errors import OptionError
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def _scale_of(d: int, scale: float | None) -> float:
 
 def _check_values(k: torch.Tensor, v: torch.Tensor) -> None:
     if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
-        raise OptionError(
+        raise ValueError(
             f"v shape {tuple(v.shape)} must be (B, H, N, Dv) with (B, H, N) = {tuple(k.shape[:3])} of the keys"
         )
 

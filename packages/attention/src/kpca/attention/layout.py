@@ -14,8 +14,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kpca.attention.errors import OptionError
-
 _ASYMMETRIC_BLOCKS, _SYMMETRIC_BLOCKS = 3, 2  # [Q;K;V], [K;V]
 
 
@@ -51,7 +49,7 @@ def is_symmetric_qkv(rows: torch.Tensor, attn_dim: int) -> bool:
     """
     symmetric, asymmetric = qkv_rows(attn_dim, symmetric=True), qkv_rows(attn_dim, symmetric=False)
     if attn_dim < 1 or rows.shape[:1] not in ((asymmetric,), (symmetric,)):
-        raise OptionError(
+        raise ValueError(
             f"qkv rows of shape {tuple(rows.shape)} fit no layout for attn_dim={attn_dim}: dim 0 must be "
             f"3 * attn_dim = {asymmetric} ([Q;K;V], asymmetric / timm) or 2 * attn_dim = {symmetric} "
             "([K;V], symmetric)"
@@ -113,7 +111,7 @@ def split_qkv(
     attn_dim = num_heads * head_dim
     width = projected.shape[-1]
     if projected.dim() != 3 or width not in (qkv_rows(attn_dim, symmetric=False), qkv_rows(attn_dim, symmetric=True)):
-        raise OptionError(
+        raise ValueError(
             f"a qkv projection of shape {tuple(projected.shape)} fits no layout for num_heads={num_heads}, "
             f"head_dim={head_dim}: it must be (B, N, 3 * {attn_dim}) ([Q;K;V]) or (B, N, 2 * {attn_dim}) ([K;V])"
         )

@@ -43,7 +43,7 @@ from kpca.attention._checks import (
     check_elliptical_convention,
     check_pap_args,
 )
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 from kpca.attention.functional import RPCState, rpc_attention
 from kpca.attention.layout import qkv_rows, split_heads
 from kpca.attention.robust import _check_lambd
@@ -143,11 +143,15 @@ class _ProjectedAttention(nn.Module, abc.ABC):
         super().__init__()
         check_backend(backend)
         if num_heads < 1:
-            raise OptionError(f"num_heads must be >= 1, got {num_heads}")
+            raise AttentionOptionError(f"num_heads must be >= 1, got {num_heads}")
         if attn_head_dim is None and dim % num_heads:
-            raise OptionError(f"dim={dim} is not divisible by num_heads={num_heads}; pick num_heads dividing dim")
+            raise AttentionOptionError(
+                f"dim={dim} is not divisible by num_heads={num_heads}; pick num_heads dividing dim"
+            )
         if (qk_norm or scale_norm) and norm_layer is None:
-            raise OptionError("qk_norm=True or scale_norm=True needs a norm_layer, e.g. norm_layer=nn.LayerNorm")
+            raise AttentionOptionError(
+                "qk_norm=True or scale_norm=True needs a norm_layer, e.g. norm_layer=nn.LayerNorm"
+            )
         dd = {"device": device, "dtype": dtype}
         self.symmetric = symmetric
         self.num_heads = num_heads
@@ -330,7 +334,7 @@ class RPCAttention(_ProjectedAttention):
     def _attend_recording(self, k, v, attn_mask, key_padding_mask, is_causal: bool, dropout_p: float) -> torch.Tensor:
         """:meth:`_attend` keeping the :class:`RPCState` in ``last_state``; eager only."""
         if isinstance(k, torch.fx.Proxy):
-            raise OptionError(
+            raise ValueError(
                 "RPCAttention.record_state keeps the state of eager forwards, and a torch.fx trace has none; "
                 "set record_state = False before tracing"
             )
@@ -358,7 +362,9 @@ class ScaledAttention(_ProjectedAttention):
     def __init__(self, dim: int, num_heads: int = 8, *, num_tokens: int, **kwargs: Unpack[AttentionOptions]) -> None:
         super().__init__(dim, num_heads, False, **kwargs)
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
-            raise OptionError(f"num_tokens must be a positive int (N, the sequence length), got {num_tokens!r}")
+            raise AttentionOptionError(
+                f"num_tokens must be a positive int (N, the sequence length), got {num_tokens!r}"
+            )
         refuse_token_order(self.is_causal, None)
         self.num_tokens = num_tokens
         like = self.qkv.weight
@@ -432,7 +438,7 @@ class TwicingAttention(_ProjectedAttention):
     def __init__(self, dim: int, num_heads: int = 8, **kwargs: Unpack[AttentionOptions]) -> None:
         super().__init__(dim, num_heads, False, **kwargs)
         if self.attn_drop.p != 0.0:
-            raise OptionError(
+            raise AttentionOptionError(
                 f"TwicingAttention takes no attention dropout, got attn_drop={self.attn_drop.p}: its two SDPA calls "
                 "would draw different masks; set the model's attention dropout to 0 (the papers' setting)"
             )
@@ -545,7 +551,7 @@ def index_attention_blocks(attentions: Sequence[nn.Module], owner: str = "the mo
     reads = sorted({getattr(module, "earlier_values", "") for module in attentions} - {""})
     foreign = [i for i, module in enumerate(attentions) if not isinstance(module, _ProjectedAttention)]
     if reads and foreign:
-        raise OptionError(
+        raise AttentionOptionError(
             f"blocks {foreign} of {owner} have attention that returns no values "
             f"({type(attentions[foreign[0]]).__name__}), which the attention reading the {' and '.join(reads)} "
             "block's values needs; give those blocks kpca.attention modules (AttentionSpec's per_block does: kind "

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from kpca.attention import _checks
 from kpca.attention._checks import EllipticalConvention
 from kpca.attention._masks import combine_masks, masked_sdpa
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 
 
 def twicing_attention(
@@ -57,7 +57,7 @@ def twicing_attention(
     b, h, n, _ = _checks.check_qkv(q=q, k=k, v=v)
     _checks.check_call_options(attn_mask, key_padding_mask, dropout_p, scale, b, h, n)
     if dropout_p != 0.0:
-        raise OptionError(
+        raise AttentionOptionError(
             f"twicing_attention takes no attention dropout, got dropout_p={dropout_p!r}: its two SDPA calls would "
             "draw different masks, so the output would not be (2A - A²) v; pass dropout_p=0.0 (the papers' setting)"
         )
@@ -235,6 +235,6 @@ def _normalise_by_max(s: torch.Tensor) -> torch.Tensor:
 def _check_lambd(lambd: float) -> None:
     """Check NeuTRENO's lambda: a finite float >= 0."""
     if isinstance(lambd, bool) or not isinstance(lambd, Real) or not math.isfinite(lambd) or lambd < 0:
-        raise OptionError(
+        raise AttentionOptionError(
             f"lambd must be a finite float >= 0 (the papers use 0.6 for vision, 0.4 for language), got {lambd!r}"
         )

@@ -18,7 +18,7 @@ from torch import nn
 
 from kpca.attention._backend import Backend, check_backend
 from kpca.attention._checks import Convention, EllipticalConvention, check_elliptical_convention, check_pap_args
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 from kpca.attention.modules import (
     AlphaAsymAttention,
     EllipticalAttention,
@@ -78,7 +78,7 @@ class RegisteredKind:
     def defaults(self, task: str = "vision") -> dict[str, Any]:
         """The default of each setting this kind reads, for ``task``."""
         if task not in TASKS:
-            raise OptionError(f"task must be one of {TASKS}, got {task!r}")
+            raise AttentionOptionError(f"task must be one of {TASKS}, got {task!r}")
         return {**self.settings, **self.task_settings.get(task, {})}
 
     def vit_attention(self, **overrides: Any) -> AttentionSpec:
@@ -139,27 +139,31 @@ def register_attention_kind(
 
     def register(build: Builder) -> Builder:
         if not isinstance(name, str) or not name.isidentifier():
-            raise OptionError(f"an attention kind's name must be a Python identifier, got {name!r}")
+            raise AttentionOptionError(f"an attention kind's name must be a Python identifier, got {name!r}")
         if name in _REGISTRY:
-            raise OptionError(
+            raise AttentionOptionError(
                 f"attention kind {name!r} is registered already (by {_REGISTRY[name].build.__qualname__})"
             )
         if others is not None and others not in _REGISTRY:
-            raise OptionError(
+            raise AttentionOptionError(
                 f"others={others!r} for kind {name!r} is no registered kind; register it first: {kinds()}"
             )
         family = f"deit_{name}" if vit_family is None else vit_family
         owner = next((entry.name for entry in _REGISTRY.values() if entry.vit_family == family), None)
         if owner is not None:
-            raise OptionError(f"vit_family={family!r} for kind {name!r} names the ViTs of kind {owner!r}; pick another")
+            raise AttentionOptionError(
+                f"vit_family={family!r} for kind {name!r} names the ViTs of kind {owner!r}; pick another"
+            )
         read = dict(settings or {})
         unknown = sorted(set(read) - set(KIND_SETTINGS))
         if unknown:
-            raise OptionError(f"settings {unknown} for kind {name!r} are no kind settings; choose from {KIND_SETTINGS}")
+            raise AttentionOptionError(
+                f"settings {unknown} for kind {name!r} are no kind settings; choose from {KIND_SETTINGS}"
+            )
         by_task = {task: MappingProxyType(dict(values)) for task, values in (task_settings or {}).items()}
         stray = sorted({f"{task}.{key}" for task, values in by_task.items() for key in values if key not in read})
         if set(by_task) - set(TASKS) or stray:
-            raise OptionError(
+            raise AttentionOptionError(
                 f"task_settings for kind {name!r} must be keyed by a task of {TASKS} and name settings of its "
                 f"settings {tuple(read)}, got {dict(task_settings or {})!r}"
             )
@@ -194,7 +198,7 @@ def registered_kind(name: str) -> RegisteredKind:
     """
     entry = _REGISTRY.get(name) if isinstance(name, str) else None
     if entry is None:
-        raise OptionError(
+        raise AttentionOptionError(
             f"AttentionSpec.kind must be one of {kinds()}, got {name!r}; a new kind is registered with "
             "kpca.attention.register_attention_kind"
         )
@@ -287,22 +291,28 @@ class AttentionSpec:
         for name in KIND_SETTINGS:
             value = getattr(self, name)
             if name not in entry.settings and value is not None:
-                raise OptionError(
+                raise AttentionOptionError(
                     f"AttentionSpec.{name}={value!r}: {unread_settings_text(self.kind, name)}; leave {name} unset"
                 )
         check_backend(self.backend)
         if self.num_tokens is not None and (
             isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1
         ):
-            raise OptionError(f"AttentionSpec.num_tokens must be a positive int or None, got {self.num_tokens!r}")
+            raise AttentionOptionError(
+                f"AttentionSpec.num_tokens must be a positive int or None, got {self.num_tokens!r}"
+            )
         if self.layers != "all":
             layers = self.layers
             if isinstance(layers, (str, int)) or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in layers
             ):
-                raise OptionError(f"AttentionSpec.layers must be 'all' or a list of block indices, got {layers!r}")
+                raise AttentionOptionError(
+                    f"AttentionSpec.layers must be 'all' or a list of block indices, got {layers!r}"
+                )
             if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
-                raise OptionError(f"AttentionSpec.layers must hold distinct non-negative indices, got {list(layers)}")
+                raise AttentionOptionError(
+                    f"AttentionSpec.layers must hold distinct non-negative indices, got {list(layers)}"
+                )
         if entry.check is not None:
             for task in TASKS:
                 entry.check(self._filled(entry, task))
@@ -330,7 +340,7 @@ class AttentionSpec:
             return list(range(depth))
         too_big = [i for i in self.layers if i >= depth]
         if too_big:
-            raise OptionError(
+            raise AttentionOptionError(
                 f"AttentionSpec.layers {too_big} out of range for a model with {depth} blocks (indices 0 to "
                 f"{depth - 1})"
             )
@@ -402,7 +412,7 @@ def _rpc(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
 @register_attention_kind("scaled_s", settings={"num_tokens": None})
 def _scaled_s(spec: AttentionSpec, dim: int, num_heads: int, **kwargs) -> nn.Module:
     if spec.num_tokens is None:
-        raise OptionError(
+        raise AttentionOptionError(
             "AttentionSpec(kind='scaled_s') needs num_tokens (N, the sequence length) to build S; set it, "
             "or let swap_attention read it from a timm ViT"
         )

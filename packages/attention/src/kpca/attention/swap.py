@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv
 from kpca.attention.modules import index_attention_blocks, reads_earlier_values
 from kpca.attention.spec import AttentionSpec
@@ -73,7 +73,7 @@ def swap_attention(model: nn.Module, spec: AttentionSpec, *, task: str = "vision
     owner = f"{type(model).__name__}.blocks"
     attentions = [built.get(i, block.attn) for i, block in enumerate(blocks)]
     if reads_earlier_values(attentions) and not getattr(model, "passes_earlier_values", False):
-        raise OptionError(
+        raise AttentionOptionError(
             f"attention kind {spec.kind!r} reads earlier blocks' values, which the loop over {owner} does not pass "
             f"({type(model).__name__} runs its blocks one after the other, unaware of values); build the ViT with "
             "kpca.attention.vit.create_vit or timm.create_model (e.g. 'deit_neutreno_tiny_patch16_224'), whose "
@@ -93,7 +93,7 @@ def _vit_num_tokens(model: nn.Module) -> int:
     """N of a timm ViT: patches plus prefix (class / distillation / register) tokens."""
     patches = getattr(getattr(model, "patch_embed", None), "num_patches", None)
     if not isinstance(patches, int):
-        raise OptionError(
+        raise AttentionOptionError(
             f"cannot read the sequence length of {type(model).__name__} (no patch_embed.num_patches); "
             "set AttentionSpec.num_tokens for kind 'scaled_s'"
         )

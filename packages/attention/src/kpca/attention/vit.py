@@ -43,7 +43,7 @@ from timm.layers import resample_abs_pos_embed
 from timm.models import VisionTransformer, build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 from kpca.attention.layout import attention_dim, convert_qkv_rows, has_symmetric_qkv, is_attention_layer, qkv_rows
 from kpca.attention.spec import AttentionSpec, kinds, registered_kind
 from kpca.attention.swap import swap_attention
@@ -112,7 +112,7 @@ def create_vit(
     """
     if arch not in ARCHS:
         allowed = ", ".join(repr(name) for name in ARCHS)
-        raise OptionError(f"arch={arch!r} is not one of {allowed}; choose one of DeiT's sizes.")
+        raise AttentionOptionError(f"arch={arch!r} is not one of {allowed}; choose one of DeiT's sizes.")
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     name = model_name(arch, attention.kind)
     return _build_vit(name, attention, pretrained, **{**ARCHS[arch], "patch_size": PATCH_SIZE, **kwargs})
@@ -208,7 +208,7 @@ def _vit_with_attention(attention: AttentionSpec, **kwargs) -> VisionTransformer
 def _registered_attention(name: str, kind: str, overrides: Mapping[str, object]) -> AttentionSpec:
     """The attention of timm's ``name``: its kind's registered ViT settings, with ``overrides`` (``attention=``)."""
     if "kind" in overrides and overrides["kind"] != kind:
-        raise OptionError(
+        raise AttentionOptionError(
             f"{name} has attention kind {kind!r}; got attention={dict(overrides)!r}. Drop 'kind', or build "
             "another kind with kpca.attention.vit.create_vit"
         )
@@ -301,7 +301,7 @@ def load_vit_state_dict(
     """
     fitted, report = _fit_state_dict(vit, state_dict, skip_prefixes, source)
     if strict and not report.clean:
-        raise OptionError(f"{source} does not fit the model (set {strict_option} to skip these):\n{report}")
+        raise AttentionOptionError(f"{source} does not fit the model (set {strict_option} to skip these):\n{report}")
     vit.load_state_dict(fitted, strict=False)
     report.loaded = len(fitted)
     logger.info("%s", report)

@@ -24,8 +24,6 @@ from timm.models import VisionTransformer, checkpoint
 from timm.models._features import feature_take_indices  # as timm's VisionTransformer imports it: the same indices
 from timm.models.vision_transformer import Block
 
-from kpca.attention.errors import OptionError
-
 
 class ValuePassingBlock(Block):
     """timm's pre-norm ``Block`` (same arguments and parameters) whose call also passes earlier blocks' values.
@@ -76,7 +74,7 @@ class ValuePassingViT(VisionTransformer):
     def __init__(self, **kwargs: Any) -> None:
         block_fn = kwargs.setdefault("block_fn", ValuePassingBlock)
         if not (isinstance(block_fn, type) and issubclass(block_fn, ValuePassingBlock)):
-            raise OptionError(
+            raise ValueError(
                 f"ValuePassingViT runs ValuePassingBlock blocks, got block_fn={block_fn!r}; leave block_fn out or "
                 "pass a subclass of kpca.attention.vit_blocks.ValuePassingBlock"
             )
@@ -137,7 +135,7 @@ class ValuePassingViT(VisionTransformer):
             As timm's: the final (B, prefix + N, C) tokens and the intermediates, the intermediates only, or a dict.
         """
         if output_fmt not in ("NCHW", "NLC"):
-            raise OptionError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         batch, _, height, width = x.shape
         x = self._embed(x)

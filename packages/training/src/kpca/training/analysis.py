@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from kpca.attention.capture import attention_layers, project_qkv, record_attention_inputs
-from kpca.attention.errors import OptionError
 from kpca.attention.kernel_pca import kernel_pca_diagnostics
 from kpca.training.callbacks import layer_tag, tensorboard_writer
+from kpca.training.errors import OptionError
 from kpca.training.files import write_atomic
 from kpca.training.results.tables import markdown_table, write_report
 

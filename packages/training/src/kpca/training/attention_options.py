@@ -27,7 +27,6 @@ import yaml
 from jsonargparse import Namespace
 
 from kpca.attention import AttentionSpec
-from kpca.attention.errors import OptionError
 from kpca.attention.spec import (
     KIND_SETTINGS,
     READ_SINCE,
@@ -39,6 +38,7 @@ from kpca.attention.spec import (
     unread_settings_text,
     upgrade_saved_attention,
 )
+from kpca.training.errors import OptionError
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from torch import nn
 from torch.nn.utils import get_total_norm
 
 from kpca.attention import RPCAttention
-from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
+from kpca.training.errors import OptionError
 from kpca.training.results.protocol import read_protocol_file
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ value at run time derives the same choices from that type instead of repeating t
     BadFilesMode = Literal["error", "skip"]
     check_choice("data.bad_files", value, BadFilesMode)
 
-Imports nothing but :mod:`typing` and :mod:`kpca.attention.errors`, so plain ``nn.Module`` code can use it.
+Imports nothing but :mod:`typing` and :mod:`kpca.training.errors`, so plain ``nn.Module`` code can use it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import types
 from typing import Literal, TypeVar, Union, get_args, get_origin
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 
 V = TypeVar("V")
 

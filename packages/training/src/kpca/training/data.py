@@ -19,9 +19,9 @@ import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from kpca.attention.errors import OptionError
 from kpca.training.cache_folder import default_cache_dir
 from kpca.training.data_checks.problems import DataProblem
+from kpca.training.errors import OptionError
 from kpca.training.resumable import ResumableLoader, resumable_loader
 
 T = TypeVar("T")

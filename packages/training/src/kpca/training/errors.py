@@ -1,9 +1,12 @@
 """How every command ends on a user's mistake: ``error: <message>`` on stderr and a status that tells its kind.
 
-The error types are :mod:`kpca.attention.errors`' (:class:`UserError` and its kinds), re-exported here with the
-environment's: the project's own checks raise them with the value and the fix in the message. :func:`run_command`
-runs a console script's main function and turns such an error, and an operating-system error about the disk (a
-read-only or full file system, a folder without permission), into one line without a traceback:
+The user-error types live here, with their exit statuses (:class:`UserError` and its kinds): the project's own
+checks raise them with the value and the fix in the message. From Python they are the standard exceptions they
+subclass (``OptionError`` is a ``ValueError``, ``MissingPathError`` a ``FileNotFoundError``). :func:`run_command`
+runs a console script's main function and turns such an error, an attention option the attention library refuses
+(``kpca.attention.errors.AttentionOptionError``: an option typed on the command line reaches its checks), and an
+operating-system error about the disk (a read-only or full file system, a folder without permission), into one line
+without a traceback:
 
 - exit status 2: an option, a config file, a checkpoint that cannot take the options given, a plan;
 - 3: the data (a missing folder, a damaged file);
@@ -22,9 +25,9 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from kpca.attention.errors import MissingPathError, OptionError, UserError
+from kpca.attention.errors import AttentionOptionError
 from kpca.training.cache_folder import CACHE_FIX, inside_default_cache
 
 __all__ = [
@@ -44,6 +47,23 @@ DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUO
 """Operating-system errors about where a run writes: the disk, not the project's code."""
 
 _WORKER_TRACEBACK = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.\nOriginal Traceback")
+
+
+class UserError(Exception):
+    """An error in what the user asked for or gave; its message says what is wrong and how to fix it."""
+
+    exit_status: ClassVar[int] = 2
+    """The status a command exits with: 2 options, configs and plans; 3 data; 4 the machine or the disk."""
+
+
+class OptionError(UserError, ValueError):
+    """An option's value cannot be used: out of range, not one of the choices, or not going with another option."""
+
+
+class MissingPathError(UserError, FileNotFoundError):
+    """A configured file or folder does not exist or lacks the expected layout (the message names both)."""
+
+    exit_status = 3
 
 
 class MachineError(UserError, RuntimeError):
@@ -78,6 +98,8 @@ def error_line(error: BaseException) -> tuple[str, int] | None:
     """``(message, exit status)`` for an error the user can fix; None for any other (a bug: keep its traceback)."""
     if isinstance(error, UserError):
         return user_message(error), error.exit_status
+    if isinstance(error, AttentionOptionError):
+        return user_message(error), OptionError.exit_status
     if isinstance(error, OSError) and error.errno in DISK_ERRNOS:
         return disk_message(error), MachineError.exit_status
     return None

@@ -6,7 +6,7 @@ test and predict loaders), spread evenly over the set (:func:`kpca.training.data
 
 from __future__ import annotations
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.training.results.protocol import Setting
 
 EVAL_SUBSET = Setting(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 
 
 def _umask() -> int:

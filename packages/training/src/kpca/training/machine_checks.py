@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-from kpca.attention.errors import OptionError
 from kpca.training.cache_folder import CACHE_FIX, cache_folder_source
-from kpca.training.errors import MachineError
+from kpca.training.errors import MachineError, OptionError
 
 GPU_ACCELERATORS = ("gpu", "cuda")
 CPU_TRAINER = "configs/trainer/cpu.yaml"

@@ -12,10 +12,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
-from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.origin import record_origin
 from kpca.training.checkpointing.restore import ExactResume
 from kpca.training.checkpointing.resume import record_run_folder
+from kpca.training.errors import OptionError
 
 ALWAYS_UNSAVED_HPARAMS = ("compile",)
 """Arguments of every :class:`NetModule` that describe how a run executes, not the model: never saved."""

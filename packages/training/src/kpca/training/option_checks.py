@@ -1,7 +1,7 @@
 """Option values that torch or Lightning would refuse deep inside a run, checked where the CLI builds them.
 
 Each check runs before anything is built (``ProjectCLI.before_instantiate_classes``) and ends in one
-:class:`~kpca.attention.errors.OptionError` naming the option as typed, its value and the fix: the optimizer's
+:class:`~kpca.training.errors.OptionError` naming the option as typed, its value and the fix: the optimizer's
 arguments are given to the optimizer class itself on one stand-in parameter, so that torch's own range checks (``lr``,
 ``betas``, ``weight_decay``, ``eps``, ...) speak; Lightning's refusal of a Trainer argument
 (``MisconfigurationException``) is turned into the same one line (:func:`refused_trainer_options`).
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 import torch
 
-from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.trained_options import plain
+from kpca.training.errors import OptionError
 
 
 def check_optimizer(group: object, option: str = "model.optimizer") -> None:

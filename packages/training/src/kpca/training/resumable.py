@@ -34,8 +34,8 @@ from torch.utils.data import Dataset, Sampler, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
 
-from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.restore import rng_states, set_rng_states
+from kpca.training.errors import OptionError
 
 
 class WorkerRNGDataset(Dataset):

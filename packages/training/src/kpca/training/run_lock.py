@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kpca.attention.errors import UserError
+from kpca.training.errors import UserError
 
 logger = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 
-from kpca.attention.errors import OptionError
 from kpca.training.analysis import analyze_network, network_inputs, write_analysis
 from kpca.training.checkpointing.weights import load_checkpoint_weights
 from kpca.training.data_checks.check_data import DataCheckResult, run_data_check
 from kpca.training.data_checks.problems import format_problems
+from kpca.training.errors import OptionError
 from kpca.training.help_text import whole_summary
 from kpca.training.quiet import evaluation_quiet, quiet_known_noise
 

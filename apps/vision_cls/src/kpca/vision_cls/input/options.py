@@ -21,9 +21,9 @@ from typing import Literal
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice, keyed_by_choices
 from kpca.training.data_checks.bad_files import BadFilesMode, check_bad_files_options
+from kpca.training.errors import OptionError
 from kpca.vision_cls.input.policy import parse_rand_augment
 
 InputPath = Literal["turbo", "timm", "dali"]

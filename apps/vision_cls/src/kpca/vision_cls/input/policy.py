@@ -33,7 +33,7 @@ from timm.data.auto_augment import rand_augment_transform
 from timm.data.transforms import str_to_pil_interp
 from torch import Tensor
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 
 LEVEL_DENOM = 10.0
 """timm's ``_LEVEL_DENOM``: magnitude m gives the fraction m / 10 of each op's range."""

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 
 
 class RepeatAugSampler(DistributedSampler):

@@ -38,7 +38,7 @@ from torch.autograd import Function
 
 from kpca.attention._pap import L1_EPS
 from kpca.attention._triton import kernels
-from kpca.attention.errors import OptionError
+from kpca.attention.errors import AttentionOptionError
 
 # Launch configuration, chosen from ptxas's register counts for sm_90 (no GPU has timed it yet):
 # with 4 warps on 4096-element tiles, pap_step_fwd (the hottest kernel) needs about 200 registers per
@@ -77,7 +77,7 @@ def _slice_grid(slices: int, n: int, block_n: int) -> tuple[int, int]:
     """The grid (B * H, token blocks) of the kernels tiling (b, h) slices."""
     blocks = -(-n // block_n)
     if blocks > MAX_GRID_AXIS_1:
-        raise OptionError(
+        raise AttentionOptionError(
             f"N = {n} tokens need {blocks} blocks of {block_n} rows, more than CUDA's grid limit of "
             f"{MAX_GRID_AXIS_1}; use backend='torch' for sequences this long"
         )
@@ -106,23 +106,23 @@ def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
 
 def _check_keys(name: str, t: torch.Tensor) -> None:
     if t.dim() != 4 or t.dtype not in KERNEL_DTYPES:
-        raise OptionError(
+        raise ValueError(
             f"{name} must be a (B, H, N, D) tensor of dtype in {KERNEL_DTYPES}, got {tuple(t.shape)} {t.dtype}"
         )
     if t.shape[-1] < 1:
-        raise OptionError(f"{name} has head dim D = 0 (shape {tuple(t.shape)}); the Triton kernels need D >= 1")
+        raise ValueError(f"{name} has head dim D = 0 (shape {tuple(t.shape)}); the Triton kernels need D >= 1")
 
 
 def _check_like(name: str, t: torch.Tensor, shape: torch.Size, device: torch.device) -> None:
     if t.shape != shape or t.device != device:
-        raise OptionError(f"{name} is {tuple(t.shape)} on {t.device}; expected {tuple(shape)} on {device}")
+        raise ValueError(f"{name} is {tuple(t.shape)} on {t.device}; expected {tuple(shape)} on {device}")
 
 
 def _check_tau(tau: torch.Tensor, k: torch.Tensor) -> bool:
     """Check tau against K; return whether it holds one threshold per row rather than per slice."""
     b, h, n, _ = k.shape
     if tau.dtype != torch.float32 or tuple(tau.shape) not in ((b, h, 1, 1), (b, h, n, 1)) or tau.device != k.device:
-        raise OptionError(
+        raise ValueError(
             f"tau must be float32 of shape (B, H, 1, 1) or (B, H, N, 1) = {(b, h, 1, 1)} or {(b, h, n, 1)} "
             f"on {k.device}, got {tuple(tau.shape)} {tau.dtype} on {tau.device}"
         )
@@ -133,7 +133,7 @@ def _check_padding(key_padding_mask: torch.Tensor | None, k: torch.Tensor) -> No
     b, _, n, _ = k.shape
     padding = key_padding_mask
     if padding is not None and (padding.dtype != torch.bool or padding.shape != (b, n) or padding.device != k.device):
-        raise OptionError(
+        raise ValueError(
             f"key_padding_mask must be a bool (B, N) = {(b, n)} tensor on {k.device}, got "
             f"{tuple(padding.shape)} {padding.dtype} on {padding.device}"
         )
@@ -222,7 +222,7 @@ def _step_forward(
             _check_like(name, t, k.shape, k.device)
     for name, t in (("s", s), ("z", z)):
         if t is not None and t.dtype != torch.float32:
-            raise OptionError(f"{name} must be float32 (the PAP state), got {t.dtype}")
+            raise ValueError(f"{name} must be float32 (the PAP state), got {t.dtype}")
     b, h, n, d = k.shape
     z_new, s_new, kt = _f32_like(k), _f32_like(k), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     sign = torch.empty(k.shape, dtype=torch.int8, device=k.device)

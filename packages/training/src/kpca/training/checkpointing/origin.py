@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.resume import checkpoint_problem
+from kpca.training.errors import OptionError
 
 ORIGIN_KEY = "kpca"
 """Checkpoint key holding ``{"app": <app>, "version": <its distribution's version>}``."""

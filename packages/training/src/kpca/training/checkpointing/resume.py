@@ -26,8 +26,8 @@ import torch
 import yaml
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from kpca.attention.errors import OptionError
 from kpca.training.attention_options import comparable_attention
+from kpca.training.errors import OptionError
 from kpca.training.run_config import without_keys
 
 logger = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from kpca.attention.errors import OptionError
 from kpca.attention.spec import KIND_SETTINGS, upgrade_saved_attention
 from kpca.training.attention_options import is_attention_group
+from kpca.training.errors import OptionError
 
 CLASS_PATH = "class_path"
 INIT_ARGS = "init_args"

@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from kpca.attention.errors import MissingPathError, OptionError
+from kpca.training.errors import MissingPathError, OptionError
 
 _PREFIXES = ("net.", "module.", "vit.", "model.")
 # The one class unpickled beyond tensors and containers: DeiT's and the RPC authors' training checkpoints store their

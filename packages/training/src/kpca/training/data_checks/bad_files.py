@@ -20,9 +20,9 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
-from kpca.attention.errors import OptionError
 from kpca.training.choices import check_choice
 from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.errors import OptionError
 from kpca.training.resumable import training_dataset
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader, Dataset
 
-from kpca.attention.errors import OptionError
 from kpca.training.data_checks.problems import DataProblem
+from kpca.training.errors import OptionError
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kpca.attention.errors import UserError
+from kpca.training.errors import UserError
 
 
 @dataclass(frozen=True)

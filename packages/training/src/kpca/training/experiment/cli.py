@@ -21,8 +21,7 @@ from unittest import mock
 
 from jsonargparse import Namespace
 
-from kpca.attention.errors import OptionError
-from kpca.training.errors import run_command
+from kpca.training.errors import OptionError, run_command
 from kpca.training.experiment.plan import Plan, PlannedRun, StepSpec, load_plan, step_argv, step_folder
 from kpca.training.experiment.steps import StepError, execute_step, fit_checkpoint, marker
 

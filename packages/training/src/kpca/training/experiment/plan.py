@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 
 APPS = ("vision_cls", "language_model", "segmentation")
 """The apps a plan can run: its steps are ``python -m kpca.<app> ...``."""

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpca.attention.errors import OptionError
 from kpca.training.analysis import analysis_markdown, read_analysis, write_analysis
+from kpca.training.errors import OptionError
 from kpca.training.experiment.plan import Plan, PlanError, PlannedRun, step_folder
 from kpca.training.experiment.status import status_markdown, step_states
 from kpca.training.files import write_atomic

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kpca.attention.errors import UserError
+from kpca.training.errors import UserError
 from kpca.training.experiment.plan import REPORT_JOB, Plan, PlanError, PlannedRun, exec_command
 from kpca.training.experiment.steps import marker
 from kpca.training.files import write_atomic

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 
-from kpca.attention.errors import UserError
+from kpca.training.errors import UserError
 from kpca.training.experiment.plan import Plan, PlannedRun, step_argv, step_folder
 from kpca.training.files import write_atomic
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 from imagecorruptions import corrupt, corruption_dict, get_corruption_names
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 
 IMAGENET_C_GROUPS: dict[str, tuple[str, ...]] = {
     "noise": ("gaussian_noise", "shot_noise", "impulse_noise"),

@@ -24,9 +24,9 @@ from pathlib import Path
 import yaml
 
 from kpca.attention import AttentionSpec
-from kpca.attention.errors import OptionError
 from kpca.attention.spec import KIND_SETTINGS, kinds, registered_kind, upgrade_saved_attention
 from kpca.training.checkpointing.trained_options import OptionDifference
+from kpca.training.errors import OptionError
 from kpca.training.results.protocol import EvaluationProtocol, read_not_as_trained
 from kpca.training.results.schema import REPORT_ENTRY_POINTS, ReportSchema
 from kpca.training.run_config import config_value, without_keys

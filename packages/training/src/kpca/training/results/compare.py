@@ -22,8 +22,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from kpca.attention.errors import MissingPathError, OptionError
-from kpca.training.errors import run_command
+from kpca.training.errors import MissingPathError, OptionError, run_command
 from kpca.training.files import write_atomic
 from kpca.training.results.collect import Model, collect_runs, group_runs, installed_tasks, report_schema
 from kpca.training.results.references import read_references

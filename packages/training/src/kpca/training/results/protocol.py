@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from kpca.attention.errors import OptionError
 from kpca.training.checkpointing.trained_options import OptionDifference, run_differences
+from kpca.training.errors import OptionError
 from kpca.training.files import write_atomic
 
 logger = logging.getLogger(__name__)

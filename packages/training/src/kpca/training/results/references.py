@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.training.results.schema import ReportSchema
 
 REFERENCE_COLUMNS = ("model", "source", "protocol")

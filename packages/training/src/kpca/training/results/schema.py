@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.training.results.protocol import EvaluationProtocol, ProtocolRules, protocol_of
 from kpca.training.results.tables import REPORT_NAME
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.training.files import write_atomic
 
 logger = logging.getLogger(__name__)

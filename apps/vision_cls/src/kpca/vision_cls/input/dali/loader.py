@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.utils.data import DistributedSampler
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe
 
 DALI_INSTALL = "pip install 'kpca-vision-cls[dali]'"

@@ -34,7 +34,7 @@ from timm.data import auto_augment as timm_aa
 from timm.data.transforms import _pil_interpolation_to_str
 from torch import Tensor
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.vision_cls.input.device.pillow_ops import MATRIX_OPS, PIXEL_OPS, run_op
 from kpca.vision_cls.input.policy import LEVEL_DENOM, arguments, timm_train_hparams
 

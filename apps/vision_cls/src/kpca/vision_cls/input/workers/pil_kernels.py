@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.vision_cls.input.policy import SMOOTH_CENTRE, SMOOTH_SIDE, cubic
 
 Matrix = tuple[float, float, float, float, float, float]  # Pillow's affine coefficients a0..a5

@@ -38,7 +38,7 @@ from torch import Tensor
 from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
-from kpca.attention.errors import OptionError
+from kpca.training.errors import OptionError
 from kpca.vision_cls.input.workers.compiled_rand_augment import with_compiled_ops
 
 # Pillow's filter for each mode timm may pick, as torch names it: "nearest-exact" samples pixel centres as PIL does.
