@@ -43,14 +43,20 @@ smoke-lm: $(STAMP)  ## the smallest end-to-end fit of the language-model app
 smoke-seg: $(STAMP)  ## the smallest end-to-end fit of the segmentation app
 	$(PY) -m kpca.segmentation fit -c configs/trainer/cpu.yaml -c configs/segmentation/smoke.yaml --trainer.fast_dev_run=2
 
+# The tests run in TEST_WORKERS pytest-xdist processes (2: the CI machine's cores; TEST_WORKERS=0 runs them in this
+# process). --dist loadgroup keeps the tests of one xdist_group on one worker (the `slurm` tests share one local
+# Slurm); tests/conftest.py hands the slow tests out first, so that the short ones fill in at the end.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)  ## every test that runs without a GPU (slow and Triton-interpreter tests included)
-	$(PY) -m pytest -m "not gpu" -q
+	$(PY) -m pytest -m "not gpu" -q $(PYTEST_PARALLEL)
 
 test-fast: $(STAMP)  ## the inner loop: skips slow tests
-	$(PY) -m pytest -m "not gpu and not slow" -q
+	$(PY) -m pytest -m "not gpu and not slow" -q $(PYTEST_PARALLEL)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -m "slow and not gpu" -q
+	$(PY) -m pytest -m "slow and not gpu" -q $(PYTEST_PARALLEL)
 
 # The oldest torch the project supports (the floor in packages/attention/pyproject.toml), in an environment of its
 # own: the attention tests, compile tests included, on torch $(COMPAT_TORCH) with its Triton; the rest of the stack at

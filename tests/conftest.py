@@ -1,4 +1,4 @@
-"""Test-wide settings: offline hubs, Triton's CPU interpreter, deterministic seeds, skip rules for the gpu marker."""
+"""Test-wide settings: offline hubs, Triton's CPU interpreter, fixed seeds, xdist order and groups, gpu skips."""
 
 import os
 
@@ -24,7 +24,17 @@ def _seed() -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `gpu` tests with a reason when no CUDA device is present (probed once, at collection)."""
+    """Order and group the tests for pytest-xdist, and skip `gpu` tests when no CUDA device is present.
+
+    The `slow` tests come first (in their collected order), so that with several workers (``make test``: ``-n 2
+    --dist loadgroup``) the longest start early and the short ones fill in at the end instead of one worker finishing
+    a long test alone. The `slurm` tests share one local Slurm, which the worker that runs them starts and stops:
+    they form one xdist group. Without xdist both only set the order. CUDA is probed once, at collection.
+    """
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: collected order within each part
+    for item in items:
+        if "slurm" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     if not any("gpu" in item.keywords for item in items) or torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu)")
