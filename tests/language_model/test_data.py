@@ -23,6 +23,7 @@ from kpca.language_model.data import (
 from kpca.language_model.tokenizer import EOS_ID, Tokenizer, TokenizerConfig
 from kpca.language_model.word_swap import WordSwap
 from kpca.training.data import require_datamodule
+from kpca.training.data_checks.problems import DataError
 
 
 def array_of(tmp_path: Path, ids: list[int]) -> TokenArray:
@@ -161,7 +162,7 @@ def test_hf_datasets_path_copies_the_splits_into_the_wikitext_layout(lm_cache_di
 def test_unreachable_hf_dataset_names_both_ways_to_get_wikitext(tmp_path: Path):
     datamodule = builtin_datamodule(tmp_path, data_dir=None, hf_path="no-such-org/no-such-wikitext")
     with pytest.raises(
-        RuntimeError, match=r"set data_dir to a folder with WikiText-103's wiki.train.raw.*local HF cache"
+        DataError, match=r"set data.data_dir to a folder with WikiText-103's wiki.train.raw.*local HF cache"
     ):
         datamodule.corpus_folder()
 
