@@ -26,7 +26,7 @@ images re-encoded as JPEG (quality 90) at ImageNet's typical 500x375 and 375x500
    built-in corpus (``data_dir: builtin``, the demo's 2000-piece tokenizer; tokenised once into the cache), in
    tokens/s per core.
 
-5. With ``--dali cpu`` or ``--dali gpu``, the DALI path (``data.input: dali``,
+5. With ``--dali cpu`` or ``--dali gpu``, the DALI path (``data.train.input: dali``,
    :class:`~kpca.vision_cls.input.dali.loader.DaliTrainLoader`, the DeiT recipe at 224 px) beside the vision paths,
    instead of sections 3-4: its CPU time per image, summed over all threads of the process (``time.process_time``),
    and its wall images/s. ``cpu`` runs DALI's CPU operators in one thread (ms·core per image, comparable with the
@@ -114,6 +114,7 @@ def stage_name(stage: Callable) -> str:
 def vision_paths(root: Path) -> dict[str, list[Stage]]:
     """The stages of each vision path: decode, then the training transform's stages one by one."""
     from kpca.vision_cls.data import ImageNetDataModule
+    from kpca.vision_cls.input import TrainData
 
     paths = {}
     for label, path, augment_on in (
@@ -122,7 +123,8 @@ def vision_paths(root: Path) -> dict[str, list[Stage]]:
         ("`input: turbo`, `augment_on: device` (the default)", "turbo", "device"),
         (DEVICE_RANDAUGMENT_PATH, "turbo", "device_randaugment"),
     ):
-        transform = ImageNetDataModule(root=str(root), input=path, augment_on=augment_on).train_input.transform()
+        data = ImageNetDataModule(root=str(root), train=TrainData(input=path, augment_on=augment_on))
+        transform = data.train_input.transform()
         stages = transform.transforms
         if path == "turbo":
             stages = stages[1:]  # its DecodeRGB stage runs inside turbo_decode, timed as "decode"
@@ -184,8 +186,9 @@ def bench_device_rand_augment(root: Path, device: str, repeats: int = 3) -> floa
     The median of ``repeats`` batches after one warm-up batch, synchronised on CUDA; on the CPU with one thread.
     """
     from kpca.vision_cls.data import ImageNetDataModule
+    from kpca.vision_cls.input import TrainData
 
-    data = ImageNetDataModule(root=str(root), augment_on="device_randaugment")
+    data = ImageNetDataModule(root=str(root), train=TrainData(augment_on="device_randaugment"))
     rand_augment = data.train_input.device_tail.rand_augment
     batch = torch.randint(0, 256, (DEVICE_RANDAUGMENT_BATCH, 3, 224, 224), dtype=torch.uint8, device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

@@ -156,6 +156,7 @@ def fit_setup(cache_dir: str | None):
 
     from kpca.attention import AttentionSpec
     from kpca.vision_cls.data import ImageNetDataModule
+    from kpca.vision_cls.input import TrainData
     from kpca.vision_cls.model import ViTClassifier
 
     torch.manual_seed(0)
@@ -166,9 +167,7 @@ def fit_setup(cache_dir: str | None):
         num_workers=0,
         image_size=32,
         crop_pct=1.0,
-        auto_augment=None,
-        re_prob=0.0,
-        repeated_aug=1,
+        train=TrainData(auto_augment=None, re_prob=0.0, repeated_aug=1),
         pin_memory=False,
     )
     dm.prepare_data()

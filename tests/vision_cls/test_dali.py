@@ -1,4 +1,4 @@
-"""The DALI training input path (data.input=dali) on CPU operators, against timm's PIL recipe; one GPU test."""
+"""The DALI training input path (data.train.input=dali) on CPU operators, against timm's PIL recipe; one GPU test."""
 
 import math
 import random
@@ -19,6 +19,7 @@ from torch.utils.data import DistributedSampler
 from torchvision.datasets import ImageFolder
 
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.input import TrainData
 from kpca.vision_cls.input.dali.loader import DaliTrainLoader, image_folder_samples
 from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe
 from kpca.vision_cls.input.dali.tables import rand_augment_specs
@@ -266,7 +267,7 @@ def test_rand_augment_strings_parse_as_timm(config: str):
 def test_policies_without_a_dali_mirror_are_refused(config: str, why: str):
     with pytest.raises(ValueError, match=f"auto_augment='{config}'.*{why}"):
         parse_rand_augment(config)
-    with pytest.raises(ValueError, match=f"data.input=dali mirrors .*{why}.*data.input=timm"):
+    with pytest.raises(ValueError, match=f"data.train.input=dali mirrors .*{why}.*data.train.input=timm"):
         check_dali_policy(config)
 
 
@@ -283,22 +284,22 @@ def test_rand_augment_changes_images_as_often_as_timm(tree: Path):
 
 
 def test_datamodule_refuses_what_dali_cannot_do(tree: Path):
-    with pytest.raises(ValueError, match="builtin='digits'"):
-        ImageNetDataModule(builtin="digits", input="dali")
-    with pytest.raises(ValueError, match="augment_on=workers"):
-        ImageNetDataModule(root=str(tree), input="dali", augment_on="workers")
-    with pytest.raises(ValueError, match="color_jitter"):
-        ImageNetDataModule(root=str(tree), input="dali", auto_augment=None, color_jitter=0.4)
+    with pytest.raises(ValueError, match="data.builtin='digits'"):
+        ImageNetDataModule(builtin="digits", train=TrainData(input="dali"))
+    with pytest.raises(ValueError, match="data.train.augment_on=workers"):
+        ImageNetDataModule(root=str(tree), train=TrainData(input="dali", augment_on="workers"))
+    with pytest.raises(ValueError, match="data.train.color_jitter"):
+        ImageNetDataModule(root=str(tree), train=TrainData(input="dali", auto_augment=None, color_jitter=0.4))
     with pytest.raises(ValueError, match="'original'"):
-        ImageNetDataModule(root=str(tree), input="dali", auto_augment="original")
-    with pytest.raises(ValueError, match="bad_files=skip needs DataLoader workers"):
-        ImageNetDataModule(root=str(tree), input="dali", bad_files="skip")
+        ImageNetDataModule(root=str(tree), train=TrainData(input="dali", auto_augment="original"))
+    with pytest.raises(ValueError, match="data.train.bad_files=skip needs DataLoader workers"):
+        ImageNetDataModule(root=str(tree), train=TrainData(input="dali", bad_files="skip"))
 
 
 def test_missing_dali_names_the_extra(tree: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # what an install without the extra gives
     with pytest.raises(ImportError, match=r"pip install 'kpca-vision-cls\[dali\]'"):
-        ImageNetDataModule(root=str(tree), input="dali")
+        ImageNetDataModule(root=str(tree), train=TrainData(input="dali"))
 
 
 def test_the_default_path_never_imports_dali():
@@ -313,12 +314,12 @@ def test_the_default_path_never_imports_dali():
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [1, 2], ids=["one_process", "ddp_2_processes"])
 def test_fit_through_the_console_script_on_cpu(tree: Path, tmp_path: Path, devices: int):
-    """``vision-cls fit --data.input dali`` on CPU trainers: two epochs, each left after 3 of its 5 batches (one
+    """``vision-cls fit --data.train.input dali`` on CPU trainers: two epochs, each left after 3 of its 5 batches (one
     process; DeiT's repeated-augmentation sampler) or 2 of its 2 (two DDP processes, batch 8 over 2 ranks)."""
     steps = 3 if devices == 1 else 2
     command = [
         str(Path(sys.executable).parent / "vision-cls"), "fit", "-c", CPU, "-c", CONFIGS / "vision_cls" / "smoke.yaml",
-        "--data.builtin=null", f"--data.root={tree}", "--data.input=dali", f"--data.batch_size={4 * devices}",
+        "--data.builtin=null", f"--data.root={tree}", "--data.train.input=dali", f"--data.batch_size={4 * devices}",
         "--data.num_workers=1", f"--trainer.devices={devices}", "--trainer.max_epochs=2",
         f"--trainer.limit_train_batches={steps}", "--trainer.limit_val_batches=2",
         f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",

@@ -16,6 +16,7 @@ from kpca.vision_cls.builtin_data import write_digits_imagefolder
 from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.data import ImageNetDataModule, VisionData
 from kpca.vision_cls.eval_data import EvalData, EvalSet
+from kpca.vision_cls.input import TrainData
 from kpca.vision_cls.input.samplers import RepeatAugSampler
 from kpca.vision_cls.input.workers.random_erasing import PixelSpaceRandomErasing
 
@@ -77,7 +78,9 @@ def test_digits_tree_is_written_once(digits_cache: Path, tmp_path: Path):
 
 
 def test_digits_datamodule_batches(digits_cache: Path):
-    dm = ImageNetDataModule(builtin="digits", cache_dir=str(digits_cache), **{**FAST, "batch_size": 16}, re_prob=0.0)
+    dm = ImageNetDataModule(
+        builtin="digits", cache_dir=str(digits_cache), **{**FAST, "batch_size": 16}, train=TrainData(re_prob=0.0)
+    )
     assert dm.num_classes == 10
     dm.prepare_data()
     dm.setup("fit")
@@ -95,7 +98,7 @@ def test_digits_datamodule_batches(digits_cache: Path):
 
 
 def test_imagenet_tree_batches_and_classes(imagenet: Path):
-    dm = ImageNetDataModule(root=str(imagenet), **FAST, re_prob=0.0, repeated_aug=1)
+    dm = ImageNetDataModule(root=str(imagenet), **FAST, train=TrainData(re_prob=0.0, repeated_aug=1))
     assert dm.classes == WNIDS and dm.num_classes == 3
     assert dm.mean == pytest.approx((0.485, 0.456, 0.406)) and dm.std == pytest.approx((0.229, 0.224, 0.225))
     dm.prepare_data()
@@ -139,12 +142,12 @@ def test_invalid_arguments():
         ImageNetDataModule(builtin="digits", eval=EvalData(corruptions=("gausian_noise",)))
     with pytest.raises(ValueError, match=r"Severities \[6\]"):
         ImageNetDataModule(builtin="digits", eval=EvalData(severities=(6,)))
-    with pytest.raises(ValueError, match="repeated_aug=0"):
-        ImageNetDataModule(builtin="digits", repeated_aug=0)
+    with pytest.raises(ValueError, match="data.train.repeated_aug=0"):
+        ImageNetDataModule(builtin="digits", train=TrainData(repeated_aug=0))
     with pytest.raises(ValueError, match=r"data.builtin='cifar' is not one of 'digits'; choose it, or set data.root"):
         ImageNetDataModule(builtin="cifar")
-    with pytest.raises(ValueError, match=r"data.re_mode='zero' is not one of 'pixel', 'rand', 'const'"):
-        ImageNetDataModule(builtin="digits", re_mode="zero")
+    with pytest.raises(ValueError, match=r"data.train.re_mode='zero' is not one of 'pixel', 'rand', 'const'"):
+        ImageNetDataModule(builtin="digits", train=TrainData(re_mode="zero"))
     with pytest.raises(ValueError, match=r"data.interpolation='lanczos' is not one of 'bicubic', 'bilinear', 'near"):
         ImageNetDataModule(builtin="digits", interpolation="lanczos")
 
@@ -200,13 +203,14 @@ def test_pixel_space_random_erasing_fill():
 
 
 def test_train_transform_is_deit(imagenet: Path):
-    text = repr(ImageNetDataModule(root=str(imagenet), augment_on="workers").train_input.transform())
+    text = repr(ImageNetDataModule(root=str(imagenet), train=TrainData(augment_on="workers")).train_input.transform())
     assert "RandomResizedCropAndInterpolation" in text and "RandAugment" in text and "bicubic" in text
     assert "ColorJitter" not in text and "Normalize" not in text and "PixelSpaceRandomErasing" in text
     data = ImageNetDataModule(root=str(imagenet))  # augment_on=device: erasing moves to the device tail
     assert "pil_to_chw" in repr(data.train_input.transform()) and "Erasing" not in repr(data.train_input.transform())
     assert "BatchRandomErasing(p=0.25, mode=pixel)" in repr(data.train_input.device_tail)
-    text = repr(ImageNetDataModule(root=str(imagenet), auto_augment=None, re_prob=0.0).train_input.transform())
+    no_policy = ImageNetDataModule(root=str(imagenet), train=TrainData(auto_augment=None, re_prob=0.0))
+    text = repr(no_policy.train_input.transform())
     assert "ColorJitter" in text and "RandomErasing" not in text
 
 

@@ -15,11 +15,12 @@ from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.eval_data import EvalData
+from kpca.vision_cls.input import TrainData
 from tests.cli_support import CONFIGS, run_cli, smoke_options
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 CLASSES = [f"n0{i}" for i in range(10)]
-FAST = {"num_workers": 0, "pin_memory": False, "image_size": 32, "batch_size": 8, "repeated_aug": 1}
+FAST = {"num_workers": 0, "pin_memory": False, "image_size": 32, "batch_size": 8}
 EMA_IN_EVAL_MODE = pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
 
 
@@ -54,7 +55,7 @@ def fit_options(tmp_path: Path, data_root: Path, *extra: object) -> list[object]
     """A smoke fit on ``data_root``: one epoch reading every training image once (5 batches of 8)."""
     return smoke_options(
         SMOKE, tmp_path / "out", tmp_path / "cache", "--data.builtin=null", f"--data.root={data_root}",
-        "--data.repeated_aug=1", "--data.batch_size=8", "--trainer.limit_val_batches=1",
+        "--data.train.repeated_aug=1", "--data.batch_size=8", "--trainer.limit_val_batches=1",
         "--trainer.log_every_n_steps=1", *extra,
     )  # fmt: skip
 
@@ -68,7 +69,7 @@ def test_a_truncated_jpeg_stops_the_fit_naming_it_and_the_fix(tmp_path: Path, im
     (problem,) = caught.value.problems
     assert (problem.path, problem.split) == (str(damaged), "train")
     assert problem.problem.startswith("cannot be read: OSError: image file is truncated")
-    assert "data.bad_files=skip" in problem.fix and "check-data" in problem.fix
+    assert "data.train.bad_files=skip" in problem.fix and "check-data" in problem.fix
 
 
 @pytest.mark.slow
@@ -80,7 +81,7 @@ def test_skip_mode_fit_through_the_console_script_finishes_counting_and_naming_e
         truncate(path)
     command = [
         Path(sys.executable).parent / "vision-cls", "fit",
-        *fit_options(tmp_path, imagenet, "--data.bad_files=skip", "--data.max_bad_fraction=0.05",
+        *fit_options(tmp_path, imagenet, "--data.train.bad_files=skip", "--data.train.max_bad_fraction=0.05",
                      "--data.num_workers=2"),
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -101,11 +102,12 @@ def test_past_max_bad_fraction_training_stops_with_every_damaged_file(imagenet: 
     damaged = [imagenet / "train" / CLASSES[i] / "2.JPEG" for i in (1, 4, 8)]
     for path in damaged:
         truncate(path)
-    data = ImageNetDataModule(root=str(imagenet), **FAST, bad_files="skip", max_bad_fraction=0.05)
+    skip = TrainData(repeated_aug=1, bad_files="skip", max_bad_fraction=0.05)
+    data = ImageNetDataModule(root=str(imagenet), **FAST, train=skip)
     data.setup("fit")
     with pytest.raises(DataError) as caught:
         list(data.train_dataloader())
-    assert "3 of the 40 files of train are damaged, more than data.max_bad_fraction=0.05 allows (2)" in str(
+    assert "3 of the 40 files of train are damaged, more than data.train.max_bad_fraction=0.05 allows (2)" in str(
         caught.value
     )
     assert sorted(problem.path for problem in caught.value.problems) == sorted(map(str, damaged))
@@ -114,7 +116,8 @@ def test_past_max_bad_fraction_training_stops_with_every_damaged_file(imagenet: 
 def test_evaluation_never_skips(imagenet: Path):
     damaged = imagenet / "val" / CLASSES[5] / "0.JPEG"
     truncate(damaged)
-    data = ImageNetDataModule(root=str(imagenet), **FAST, bad_files="skip", max_bad_fraction=0.5)
+    skip = TrainData(repeated_aug=1, bad_files="skip", max_bad_fraction=0.5)
+    data = ImageNetDataModule(root=str(imagenet), **FAST, train=skip)
     data.setup("fit")
     with pytest.raises(DataError, match=rf"^{damaged} \(val\): cannot be read: .*evaluation never skips files"):
         list(data.val_dataloader())
@@ -170,4 +173,4 @@ def test_check_data_lists_every_problem_with_its_path(
     assert problems[1].problem == "severity folder 2 is missing (data.eval.severities lists it)"
     assert problems[1].fix == "Add it from the ImageNet-C release, or drop 2 from data.eval.severities."
     assert all(p.problem.startswith(truncated) for p in problems[2:])
-    assert "data.bad_files=skip" in problems[2].fix and "evaluation never skips" in problems[3].fix
+    assert "data.train.bad_files=skip" in problems[2].fix and "evaluation never skips" in problems[3].fix

@@ -13,6 +13,7 @@ from torchvision import transforms
 
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.input import TrainData
 from kpca.vision_cls.input.device.tail import BatchRandomErasing, DeviceTail, uint8_to_unit
 from kpca.vision_cls.input.workers.random_erasing import PixelSpaceRandomErasing
 from tests.cli_support import CONFIGS, run_cli, smoke_options
@@ -85,8 +86,8 @@ def test_an_unknown_fill_mode_is_refused_with_the_choices():
 
 
 def test_device_path_without_erasing_equals_the_reference_transform():
-    reference = ImageNetDataModule(builtin="digits", image_size=16, re_prob=0.0, augment_on="workers")
-    device = ImageNetDataModule(builtin="digits", image_size=16, re_prob=0.0, augment_on="device")
+    reference = ImageNetDataModule(builtin="digits", image_size=16, train=TrainData(re_prob=0.0, augment_on="workers"))
+    device = ImageNetDataModule(builtin="digits", image_size=16, train=TrainData(re_prob=0.0, augment_on="device"))
     image = random_photo()
     seed_all(3)
     expected = reference.train_input.transform()(image)  # (3, 16, 16) float32
@@ -132,7 +133,7 @@ def test_batched_erasing_const_mode_fills_the_mean():
 
 
 def test_on_after_batch_transfer_finishes_training_batches_and_passes_the_others(tmp_path: Path):
-    data = ImageNetDataModule(builtin="digits", cache_dir=str(tmp_path), re_prob=0.0)
+    data = ImageNetDataModule(builtin="digits", cache_dir=str(tmp_path), train=TrainData(re_prob=0.0))
     images = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)
     labels = torch.tensor([1, 2])
     data.trainer = SimpleNamespace(training=True)  # what Lightning's training loop reports
@@ -144,10 +145,10 @@ def test_on_after_batch_transfer_finishes_training_batches_and_passes_the_others
 
 
 def test_the_device_tail_follows_re_prob_and_augment_on():
-    assert ImageNetDataModule(builtin="digits", re_prob=0.0).train_input.device_tail.erasing is None
-    tail = ImageNetDataModule(builtin="digits", re_prob=0.25, re_mode="rand").train_input.device_tail
+    assert ImageNetDataModule(builtin="digits", train=TrainData(re_prob=0.0)).train_input.device_tail.erasing is None
+    tail = ImageNetDataModule(builtin="digits", train=TrainData(re_prob=0.25, re_mode="rand")).train_input.device_tail
     assert isinstance(tail, DeviceTail) and tail.to_float and tail.erasing.mode == "rand"
-    workers = ImageNetDataModule(builtin="digits", re_prob=0.25, augment_on="workers").train_input.device_tail
+    workers = ImageNetDataModule(builtin="digits", train=TrainData(augment_on="workers")).train_input.device_tail
     assert not workers.to_float and workers.erasing is None and workers.rand_augment is None
 
 
@@ -155,7 +156,11 @@ def test_evaluation_images_are_unchanged_by_augment_on(digits_cache_dir: Path):
     images = []
     for augment_on in ("device", "workers"):
         dm = ImageNetDataModule(
-            builtin="digits", cache_dir=str(digits_cache_dir), image_size=32, num_workers=0, augment_on=augment_on
+            builtin="digits",
+            cache_dir=str(digits_cache_dir),
+            image_size=32,
+            num_workers=0,
+            train=TrainData(augment_on=augment_on),
         )
         dm.setup("validate")
         images.append(dm.val_set[0][0])  # resized to 36 (crop_pct 0.875), center-cropped to 32, float
@@ -165,6 +170,6 @@ def test_evaluation_images_are_unchanged_by_augment_on(digits_cache_dir: Path):
 @pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
 def test_fit_on_the_smoke_config_with_the_device_path(tmp_path: Path, digits_cache_dir: Path):
     options = smoke_options(CONFIGS / "vision_cls" / "smoke.yaml", tmp_path, digits_cache_dir)
-    cli = run_cli(main, "vision-cls", "fit", *options, "--data.augment_on=device", "--trainer.fast_dev_run=2")
-    assert cli.datamodule.train_input.options.augment_on == "device" and cli.datamodule.train_input.options.re_prob > 0
+    cli = run_cli(main, "vision-cls", "fit", *options, "--data.train.augment_on=device", "--trainer.fast_dev_run=2")
+    assert cli.datamodule.train.augment_on == "device" and cli.datamodule.train.re_prob > 0
     assert cli.trainer.state.finished and cli.trainer.global_step == 2

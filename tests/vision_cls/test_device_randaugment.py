@@ -1,4 +1,4 @@
-"""``data.augment_on: device_randaugment``: the workers stop after crop and flip, RandAugment runs on the batch.
+"""``data.train.augment_on: device_randaugment``: the workers stop after crop and flip, RandAugment runs on the batch.
 
 The batched op itself is held to timm and Pillow in test_batch_rand_augment.py; here, its wiring: what the workers
 leave out, what the device tail runs and in which order, and a fit through the console script.
@@ -15,6 +15,7 @@ from timm.data.auto_augment import RandAugment
 
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.input import TrainData
 from kpca.vision_cls.input.device.rand_augment import BatchRandAugment
 from kpca.vision_cls.input.device.tail import uint8_to_unit
 from kpca.vision_cls.input.policy import timm_train_hparams
@@ -40,8 +41,10 @@ def write_tree(root: Path, size: tuple[int, int] = (48, 40)) -> Path:
 @pytest.mark.parametrize("path", ["turbo", "timm"])
 def test_the_workers_leave_randaugment_out_and_stop_at_uint8(tmp_path: Path, path: str):
     root = write_tree(tmp_path / "tree")
-    on_device = ImageNetDataModule(root=str(root), image_size=32, input=path, augment_on="device_randaugment")
-    in_workers = ImageNetDataModule(root=str(root), image_size=32, input=path, augment_on="device")
+    on_device = ImageNetDataModule(
+        root=str(root), image_size=32, train=TrainData(input=path, augment_on="device_randaugment")
+    )
+    in_workers = ImageNetDataModule(root=str(root), image_size=32, train=TrainData(input=path, augment_on="device"))
     moved, kept = on_device.train_input.transform().transforms, in_workers.train_input.transform().transforms
     assert any(isinstance(stage, RandAugment) for stage in kept)
     assert not any(isinstance(stage, RandAugment) for stage in moved)
@@ -55,7 +58,9 @@ def test_the_workers_leave_randaugment_out_and_stop_at_uint8(tmp_path: Path, pat
 
 def test_the_device_tail_runs_randaugment_then_the_float_conversion_then_erasing(tmp_path: Path):
     data = ImageNetDataModule(
-        root=str(write_tree(tmp_path / "tree")), image_size=32, augment_on="device_randaugment", re_prob=0.25
+        root=str(write_tree(tmp_path / "tree")),
+        image_size=32,
+        train=TrainData(augment_on="device_randaugment", re_prob=0.25),
     )
     tail = data.train_input.device_tail
     assert isinstance(tail.rand_augment, BatchRandAugment) and tail.erasing is not None
@@ -68,16 +73,20 @@ def test_the_device_tail_runs_randaugment_then_the_float_conversion_then_erasing
     assert finished.dtype == torch.float32 and torch.equal(finished, expected)
     torch.manual_seed(3)
     assert not torch.equal(finished, tail.erasing(uint8_to_unit(images)))  # RandAugment did change pixels
-    assert ImageNetDataModule(builtin="digits", augment_on="device").train_input.device_tail.rand_augment is None
+    assert (
+        ImageNetDataModule(builtin="digits", train=TrainData(augment_on="device")).train_input.device_tail.rand_augment
+        is None
+    )
 
 
 @pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
 def test_fit_with_randaugment_on_the_device(tmp_path: Path, digits_cache_dir: Path):
     options = smoke_options(CONFIGS / "vision_cls" / "smoke.yaml", tmp_path, digits_cache_dir)
     cli = run_cli(
-        main, "vision-cls", "fit", *options, "--data.augment_on=device_randaugment", f"--data.auto_augment={DEIT}",
+        main, "vision-cls", "fit", *options, "--data.train.augment_on=device_randaugment",
+        f"--data.train.auto_augment={DEIT}",
         "--trainer.fast_dev_run=2",
     )  # fmt: skip
-    assert cli.datamodule.train_input.options.augment_on == "device_randaugment"
+    assert cli.datamodule.train.augment_on == "device_randaugment"
     assert isinstance(cli.datamodule.train_input.device_tail.rand_augment, BatchRandAugment)
     assert cli.trainer.state.finished and cli.trainer.global_step == 2

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.input import TrainData
 from tests.cli_support import CONFIGS, smoke_options
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # Mixup 0.8 and CutMix 1.0 on the 1437 training digits
@@ -78,7 +79,7 @@ def test_no_partial_batch_reaches_mixup(digits_cache_dir: Path):
     for repeated_aug in (1, 2):
         data = ImageNetDataModule(
             builtin="digits", cache_dir=str(digits_cache_dir), batch_size=14, num_workers=0, image_size=32,
-            repeated_aug=repeated_aug,
+            train=TrainData(repeated_aug=repeated_aug),
         )  # fmt: skip
         data.setup("fit")
         assert data.train_dataloader().drop_last

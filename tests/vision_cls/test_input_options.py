@@ -1,4 +1,4 @@
-"""The training input path's options: data.input and data.augment_on, and their one check."""
+"""The training input path's options: data.train.input and data.train.augment_on, and their one check."""
 
 from pathlib import Path
 
@@ -7,6 +7,7 @@ from PIL import Image
 
 from kpca.training.choices import keyed_by_choices
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.input import TrainData
 from kpca.vision_cls.input.dali import train_input as dali_train_input
 from kpca.vision_cls.input.dali.loader import DaliTrainLoader
 from kpca.vision_cls.input.dali.train_input import DaliInput
@@ -15,41 +16,66 @@ from kpca.vision_cls.input.options import (
     AugmentOn,
     InputPath,
     check_input_options,
+    check_input_source,
 )
 
 DEIT = "rand-m9-mstd0.5-inc1"
 OK = None
 
-# (data.input, data.augment_on, other data options) -> None (accepted) or a regex of the ValueError.
+# (data.train.input, data.train.augment_on, other data.train options) -> None (accepted) or a regex of the ValueError.
 COMBINATIONS = [
     ("turbo", "device", {}, OK),
     ("turbo", "workers", {}, OK),
     ("timm", "device", {}, OK),
     ("timm", "workers", {}, OK),
-    ("turbo", "device", {"builtin": "digits", "auto_augment": None, "bad_files": "skip"}, OK),
+    ("turbo", "device", {"auto_augment": None, "bad_files": "skip"}, OK),
     ("timm", "workers", {"auto_augment": "original", "color_jitter": 0.4}, OK),
     ("dali", "device", {}, OK),
     ("dali", "device", {"auto_augment": None, "color_jitter": 0.0}, OK),
     ("dali", "device", {"auto_augment": "rand-m7-n3-mstd1-inc1"}, OK),
-    ("pil", "device", {}, r"data.input='pil' is not one of 'turbo', 'timm', 'dali'; choose .* 'turbo' \(DataLoader"),
-    ("turbo", "cpu", {}, r"data.augment_on='cpu' is not one of 'device', 'workers', 'device_randaugment'; choose"),
-    ("dali", "workers", {}, r"data.augment_on=workers .* set data.augment_on=device or use data.input=turbo"),
-    ("dali", "device", {"builtin": "digits"}, r"not builtin='digits'; set data.root, or use data.input=turbo"),
-    ("dali", "device", {"auto_augment": "original"}, r"auto_augment='original'.*use data.input=turbo"),
+    (
+        "pil",
+        "device",
+        {},
+        r"data.train.input='pil' is not one of 'turbo', 'timm', 'dali'; choose .* 'turbo' \(DataLoader",
+    ),
+    (
+        "turbo",
+        "cpu",
+        {},
+        r"data.train.augment_on='cpu' is not one of 'device', 'workers', 'device_randaugment'; choose",
+    ),
+    (
+        "dali",
+        "workers",
+        {},
+        r"data.train.augment_on=workers .* set data.train.augment_on=device or use data.train.input=turbo",
+    ),
+    ("dali", "device", {"auto_augment": "original"}, r"auto_augment='original'.*use data.train.input=turbo"),
     ("dali", "device", {"auto_augment": "rand-m9-tweights"}, r"dali mirrors .*section 'tweights' is not one"),
-    ("dali", "device", {"auto_augment": None, "color_jitter": 0.4}, r"data.color_jitter=0.4 .* data.color_jitter=0"),
-    ("dali", "device", {"bad_files": "skip"}, r"data.bad_files=skip needs DataLoader workers.*bad_files=error"),
+    (
+        "dali",
+        "device",
+        {"auto_augment": None, "color_jitter": 0.4},
+        r"data.train.color_jitter=0.4 .* data.train.color_jitter=0",
+    ),
+    ("dali", "device", {"bad_files": "skip"}, r"data.train.bad_files=skip needs DataLoader workers.*bad_files=error"),
     ("turbo", "device_randaugment", {}, OK),
     ("timm", "device_randaugment", {"auto_augment": "rand-m9-mstd0.5"}, OK),
-    ("dali", "device_randaugment", {}, r"data.input=dali\s+has none: DALI runs RandAugment in its own pipeline"),
-    ("turbo", "device_randaugment", {"auto_augment": None}, r"data.auto_augment=None; set such a policy"),
-    ("timm", "device_randaugment", {"auto_augment": "original"}, r"data.auto_augment='original'.*augment_on=device"),
+    ("dali", "device_randaugment", {}, r"data.train.input=dali\s+has none: DALI runs RandAugment in its own pipeline"),
+    ("turbo", "device_randaugment", {"auto_augment": None}, r"data.train.auto_augment=None; set such a policy"),
+    (
+        "timm",
+        "device_randaugment",
+        {"auto_augment": "original"},
+        r"data.train.auto_augment='original'.*augment_on=device",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("path", "augment_on", "options", "error"), COMBINATIONS)
 def test_input_option_combinations(path: str, augment_on: str, options: dict, error: str | None):
-    options = {"builtin": None, "auto_augment": DEIT, "color_jitter": 0.3, "bad_files": "error", **options}
+    options = {"auto_augment": DEIT, "color_jitter": 0.3, "bad_files": "error", **options}
     if error is None:
         check_input_options(path, augment_on, **options)
     else:
@@ -57,11 +83,19 @@ def test_input_option_combinations(path: str, augment_on: str, options: dict, er
             check_input_options(path, augment_on, **options)
 
 
-def test_the_datamodule_runs_the_check():
-    with pytest.raises(ValueError, match="data.input='pil' is not one of 'turbo', 'timm', 'dali'"):
-        ImageNetDataModule(builtin="digits", input="pil")
-    with pytest.raises(ValueError, match="not builtin='digits'"):
-        ImageNetDataModule(builtin="digits", input="dali")
+def test_the_group_and_the_datamodule_run_the_checks():
+    with pytest.raises(ValueError, match="data.train.input='pil' is not one of 'turbo', 'timm', 'dali'"):
+        TrainData(input="pil")
+    with pytest.raises(ValueError, match="not data.builtin='digits'"):
+        ImageNetDataModule(builtin="digits", train=TrainData(input="dali"))
+
+
+def test_only_dali_needs_an_image_folder():
+    for path in ("turbo", "timm"):
+        check_input_source(path, "digits")
+    check_input_source("dali", None)
+    with pytest.raises(ValueError, match=r"not data.builtin='digits'; set data.root, or use data.train.input=turbo"):
+        check_input_source("dali", "digits")
 
 
 def test_a_table_keyed_by_a_literal_must_cover_exactly_its_values():
@@ -72,14 +106,16 @@ def test_a_table_keyed_by_a_literal_must_cover_exactly_its_values():
 
 
 def test_dali_lists_the_training_files_and_reads_them_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """With data.input=dali the datamodule holds the DALI path: ``setup("fit")`` lists the training files (no
+    """With data.train.input=dali the datamodule holds the DALI path: ``setup("fit")`` lists the training files (no
     ImageFolder, no worker transform) and the loader reads them; the validation set is built as on every path."""
     for split in ("train", "val"):
         for wnid in ("n01440764", "n01443537"):
             (tmp_path / split / wnid).mkdir(parents=True)
             Image.new("RGB", (40, 30)).save(tmp_path / split / wnid / "image.JPEG")
     monkeypatch.setattr(dali_train_input, "require_dali", lambda: None)  # DALI itself is not needed to plan the epoch
-    data = ImageNetDataModule(root=str(tmp_path), input="dali", batch_size=2, repeated_aug=1, num_workers=0)
+    data = ImageNetDataModule(
+        root=str(tmp_path), batch_size=2, num_workers=0, train=TrainData(input="dali", repeated_aug=1)
+    )
     data.setup("fit")
     train_input = data.train_input
     assert isinstance(train_input, DaliInput) and not hasattr(train_input, "transform") and len(data.val_set) == 2

@@ -22,6 +22,7 @@ from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.eval_data import EvalData, EvalSet
 from kpca.vision_cls.evaluation import RobustnessEvaluator
+from kpca.vision_cls.input import TrainData
 from kpca.vision_cls.model import ViTClassifier
 from kpca.vision_cls.module import ClassificationModule
 from kpca.vision_cls.robustness import variant_indices
@@ -113,7 +114,7 @@ def fitted(digits_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     )  # fmt: skip
     data = ImageNetDataModule(
         builtin="digits", cache_dir=str(digits_cache_dir), batch_size=16, num_workers=0, image_size=32,
-        crop_pct=1.0, repeated_aug=1, pin_memory=False, eval=EvalData(subset=16),
+        crop_pct=1.0, train=TrainData(repeated_aug=1), pin_memory=False, eval=EvalData(subset=16),
     )  # fmt: skip
     recorder = StepRecorder(decay=0.5)
     trainer = Trainer(

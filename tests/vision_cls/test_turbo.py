@@ -15,6 +15,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import default_loader
 
 from kpca.vision_cls.data import ImageNetDataModule
+from kpca.vision_cls.input import TrainData
 from kpca.vision_cls.input.workers.turbo import DecodeRGB, TensorRandomResizedCrop, decode_rgb, read_image_bytes
 
 SIZES = ((500, 375), (375, 500), (333, 251), (17, 9))  # ImageNet's usual shapes, odd sides, a tiny image
@@ -152,9 +153,9 @@ def test_deit_recipe_sees_the_same_images_within_interpolation_noise(
     tmp_path: Path, photos: list[Image.Image], auto_augment: str | None
 ):
     root = write_photo_tree(tmp_path, photos)
-    options = {"root": str(root), "auto_augment": auto_augment}
-    turbo = ImageNetDataModule(**options).train_input.transform()
-    timm = ImageNetDataModule(**options, input="timm").train_input.transform()
+    turbo = ImageNetDataModule(root=str(root), train=TrainData(auto_augment=auto_augment)).train_input.transform()
+    timm_train = TrainData(auto_augment=auto_augment, input="timm")
+    timm = ImageNetDataModule(root=str(root), train=timm_train).train_input.transform()
     files = sorted(str(path) for path in (root / "train").rglob("*.JPEG"))
     flips = []
     for path in files:
@@ -179,7 +180,7 @@ def test_labels_and_samples_are_imagefolders(tmp_path: Path, photos: list[Image.
     root = write_photo_tree(tmp_path, photos)
     folder = ImageFolder(str(root / "train"))
     for path in ("turbo", "timm"):
-        data = ImageNetDataModule(root=str(root), input=path, batch_size=2, repeated_aug=1)
+        data = ImageNetDataModule(root=str(root), batch_size=2, train=TrainData(input=path, repeated_aug=1))
         data.setup("fit")
         labels = [data.train_input.dataset[i][1] for i in range(len(folder))]
         assert labels == folder.targets and len(data.train_input.dataset) == len(folder)
@@ -188,7 +189,8 @@ def test_labels_and_samples_are_imagefolders(tmp_path: Path, photos: list[Image.
 
 
 def test_turbo_finishing_on_workers_ends_in_float_and_erasing(photos: list[Image.Image]):
-    transform = ImageNetDataModule(builtin="digits", augment_on="workers", image_size=32).train_input.transform()
+    data = ImageNetDataModule(builtin="digits", image_size=32, train=TrainData(augment_on="workers"))
+    transform = data.train_input.transform()
     names = [getattr(stage, "__name__", type(stage).__name__) for stage in transform.transforms]
     assert names[:2] == ["DecodeRGB", "TensorRandomResizedCrop"] and names[-2:] == [
         "uint8_to_unit",
@@ -203,9 +205,10 @@ def test_demo_recipe_without_pil_stages_matches_timm(tmp_path: Path, photos: lis
     # The digits demo: PNG files, no RandAugment, no colour jitter, no flip: decode, crop and resize only.
     path = tmp_path / "digit.png"
     photos[1].resize((32, 32), Image.BICUBIC).save(path)
-    options = {"builtin": "digits", "image_size": 32, "scale": (0.6, 1.0), "hflip": 0.0, "auto_augment": None}
-    turbo = ImageNetDataModule(**options, color_jitter=0.0).train_input.transform()
-    timm = ImageNetDataModule(**options, color_jitter=0.0, input="timm").train_input.transform()
+    options = {"scale": (0.6, 1.0), "hflip": 0.0, "auto_augment": None, "color_jitter": 0.0}
+    turbo = ImageNetDataModule(builtin="digits", image_size=32, train=TrainData(**options)).train_input.transform()
+    timm_train = TrainData(**options, input="timm")
+    timm = ImageNetDataModule(builtin="digits", image_size=32, train=timm_train).train_input.transform()
     assert turbo.transforms[-1].__name__ == "hwc_to_chw"
     for seed in SEEDS:
         seed_all(seed)

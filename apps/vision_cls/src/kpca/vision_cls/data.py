@@ -1,9 +1,10 @@
 """ImageNet-style data for image classification: DeiT training transforms, robustness test sets, built-in digits.
 
 Every dataloader yields ``(images, labels)`` with ``images`` float32 in pixel space [0, 1], shape (B, 3, H, W), and
-``labels`` int64, shape (B,), once on the device. The training input path (``data.input``, ``data.augment_on``)
-is one object, :attr:`ImageNetDataModule.train_input` (:mod:`kpca.vision_cls.input`): it reads the training set,
-gives the training loader, and finishes training batches on the device after transfer (with ``augment_on="device"``,
+``labels`` int64, shape (B,), once on the device. The training input path (the ``data.train`` group,
+:class:`kpca.vision_cls.input.options.TrainData`: ``input``, ``augment_on``, the augmentation) is one object,
+:attr:`ImageNetDataModule.train_input` (:mod:`kpca.vision_cls.input`): it reads the training set, gives the training
+loader, and finishes training batches on the device after transfer (with ``augment_on="device"``,
 the default, the loader stops at uint8 and the float conversion and random erasing run batched there,
 :mod:`kpca.vision_cls.input.device`). Under DDP the evaluation
 loaders (validation, test, predict) use :class:`kpca.training.data.UnpaddedDistributedSampler`, so every image counts
@@ -26,9 +27,10 @@ Folder layouts (ImageFolder-style, one sub-folder per class):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import torch
 from timm.data.transforms import str_to_interp_mode
@@ -37,26 +39,20 @@ from torchvision import transforms
 
 from kpca.training.choices import check_choice
 from kpca.training.data import ProjectDataModule, require_built
-from kpca.training.data_checks.bad_files import BadFilesMode
 from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.training.errors import OptionError
 from kpca.vision_cls.builtin_data import DIGITS_CLASSES, write_digits_imagefolder
 from kpca.vision_cls.data_checks import check_image_folders, evaluation_set, require_nonempty_class_folders
 from kpca.vision_cls.eval_data import IMAGENET_C_LAYOUT, EvalData, EvalSet
 from kpca.vision_cls.image_folders import class_folders
-from kpca.vision_cls.input import (
-    AugmentOn,
-    ErasingMode,
-    InputPath,
-    Interpolation,
-    TrainInput,
-    TrainOptions,
-    build_train_input,
-)
+from kpca.vision_cls.input import Interpolation, TrainData, TrainInput, build_train_input
+from kpca.vision_cls.input.options import MEAN, STD
 
 Builtin = Literal["digits"]
 
 IMAGENET_LAYOUT = "root/train/<class>/*.JPEG and root/val/<class>/*"
+TRAIN_OPTIONS = tuple(field.name for field in fields(TrainData))
+"""The ``data.train`` group's options (each was a flat ``data`` option before the group)."""
 
 
 class VisionData(Protocol):
@@ -110,49 +106,20 @@ class ImageNetDataModule(ProjectDataModule):
         crop_pct: Evaluation resizes the short side to ``image_size / crop_pct`` and center-crops ``image_size``
             (validation, on-the-fly corruptions, ImageNet-A/R/O). ImageNet-C images, already 224×224 crops, are only
             center-cropped to ``image_size``.
-        auto_augment: timm auto-augment policy for training (DeiT: ``"rand-m9-mstd0.5-inc1"``); None disables.
-        scale: Area range of timm's random resized crop for training (DeiT: 0.08-1).
-        hflip: Probability of a horizontal flip for training (DeiT: 0.5; 0 for digits, which flips change).
-        color_jitter: Brightness/contrast/saturation jitter for training; as in timm it is ignored while
-            ``auto_augment`` is set.
-        re_prob: Random-erasing probability for training (DeiT: 0.25); 0 disables.
-        re_mode: Random-erasing fill, drawn in normalised space as in timm
-            (:class:`~kpca.vision_cls.input.workers.random_erasing.PixelSpaceRandomErasing`).
-        input: The training input path (:mod:`kpca.vision_cls.input`). ``"turbo"``: DataLoader workers decode with
-            libjpeg-turbo (``simplejpeg``; PIL for non-JPEG, CMYK or damaged files), crop, resize and flip uint8
-            tensors with torch, and run timm's RandAugment with its slow ops compiled
-            (:mod:`kpca.vision_cls.input.workers.turbo`): the same random draws, pixels within interpolation noise of
-            timm's, about twice the images/s per core. ``"timm"``: DataLoader workers run timm's PIL transform
-            exactly, for bit-exact reproduction (the reference). ``"dali"``: NVIDIA DALI
-            (:mod:`kpca.vision_cls.input.dali`, extra ``pip install 'kpca-vision-cls[dali]'``) reads, decodes (nvJPEG
-            on a GPU trainer, CPU operators otherwise), crops, resizes, flips and RandAugments in ``num_workers``
-            threads, in the order of the sampler the workers would have; it needs ``root`` (not ``builtin``), a
-            ``rand-...`` or no ``auto_augment``, ``augment_on="device"`` and ``bad_files="error"``. Evaluation
-            loaders decode with PIL on every path. Combinations are checked by
-            :func:`~kpca.vision_cls.input.options.check_input_options`.
-        augment_on: Where the training transform finishes (:data:`kpca.vision_cls.input.options.AUGMENT_ON`).
-            ``"device"``: the loader yields uint8 (3, H, W) images and the float conversion and random erasing run
-            batched after transfer (:mod:`kpca.vision_cls.input.device.tail`, the same distributions).
-            ``"workers"``: the DataLoader workers do both per image. Either way the training step sees float32
-            pixel-space images. With ``re_prob=0`` (the digits demo) both give identical batches.
-            ``"device_randaugment"``: the workers stop after crop and flip, and timm's RandAugment (a ``rand-...``
-            ``auto_augment``) runs batched on the device before the float conversion and erasing
-            (:mod:`kpca.vision_cls.input.device.rand_augment`: timm's policy and Pillow's pixels, drawn from torch's
-            generator instead of Python's ``random``), which takes about a third of the workers' CPU time per image
-            off them.
         interpolation: Resampling filter of the training crop, of RandAugment and of the evaluation resize.
-        repeated_aug: Copies of each training sample per epoch spread over the ranks (DeiT: 3); 1 disables.
         pin_memory: Pin loaded batches in page-locked memory (only when the trainer's accelerator is not the CPU).
         eval: The evaluation sets beyond the clean validation set, and the size of every evaluation set
             (:class:`~kpca.vision_cls.eval_data.EvalData`, the ``data.eval`` group): ImageNet-C/A/R/O roots
             (``imagenet_c``, ...), on-the-fly ``corruptions`` at ``severities``, and ``subset``.
-        bad_files: What a damaged training image does: ``error`` stops the fit with an error naming the file (the
-            default); ``skip`` trains on the next image instead, logs each damaged file once as a WARNING and counts
-            them (``data/bad_files`` in TensorBoard and the HParams summary). Evaluation sets never skip. The
-            ``check-data`` subcommand lists every damaged file before a run.
-        max_bad_fraction: With ``bad_files=skip``, the fit stops with an error once more than this fraction of the
-            training set is damaged (default 0.001: 1,281 ImageNet images).
+        train: The training input (:class:`~kpca.vision_cls.input.options.TrainData`, the ``data.train`` group):
+            the input path (``input``, ``augment_on``), DeiT's augmentation (``scale``, ``hflip``, ``auto_augment``,
+            ``color_jitter``, ``re_prob``, ``re_mode``, ``repeated_aug``) and damaged files (``bad_files``,
+            ``max_bad_fraction``).
     """
+
+    moved_options: ClassVar[Mapping[str, str]] = {name: f"train.{name}" for name in TRAIN_OPTIONS}
+    """The training-input options, once flat under ``data`` (``data.re_prob``), now the ``data.train`` group's:
+    checkpoints and config files saved before read them there (:mod:`kpca.training.moved_options`)."""
 
     def __init__(
         self,
@@ -163,20 +130,10 @@ class ImageNetDataModule(ProjectDataModule):
         num_workers: int = 8,
         image_size: int = 224,
         crop_pct: float = 0.875,
-        scale: tuple[float, float] = (0.08, 1.0),
-        hflip: float = 0.5,
-        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        color_jitter: float = 0.3,
-        re_prob: float = 0.25,
-        re_mode: ErasingMode = "pixel",
-        input: InputPath = "turbo",
-        augment_on: AugmentOn = "device",
         interpolation: Interpolation = "bicubic",
-        repeated_aug: int = 3,
         pin_memory: bool = True,
+        train: TrainData = TrainData(),  # noqa: B008 (frozen dataclass default)
         eval: EvalData = EvalData(),  # noqa: B008 (frozen dataclass default)
-        bad_files: BadFilesMode = "error",
-        max_bad_fraction: float = 0.001,
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, cache_dir=cache_dir, pin_memory=pin_memory)
         _check_image_source(root, builtin)
@@ -188,24 +145,11 @@ class ImageNetDataModule(ProjectDataModule):
         self.image_size = image_size
         self.crop_pct = crop_pct
         self.interpolation = interpolation
+        self.train = train
         self.eval = eval
-        train = TrainOptions(
-            input=input,
-            augment_on=augment_on,
-            builtin=builtin,
-            image_size=image_size,
-            scale=tuple(scale),
-            hflip=hflip,
-            auto_augment=auto_augment,
-            color_jitter=color_jitter,
-            re_prob=re_prob,
-            re_mode=re_mode,
-            interpolation=interpolation,
-            repeated_aug=repeated_aug,
-            bad_files=bad_files,
-            max_bad_fraction=max_bad_fraction,
+        self.train_input: TrainInput = build_train_input(
+            train, builtin=builtin, image_size=image_size, interpolation=interpolation
         )
-        self.train_input: TrainInput = build_train_input(train)
         self.val_set: Dataset | None = None
         self.test_sets: list[Dataset] | None = None
 
@@ -241,12 +185,12 @@ class ImageNetDataModule(ProjectDataModule):
     @property
     def mean(self) -> tuple[float, float, float]:
         """Per-channel mean the model normalises with (timm's IMAGENET_DEFAULT_MEAN)."""
-        return self.train_input.options.mean
+        return MEAN
 
     @property
     def std(self) -> tuple[float, float, float]:
         """Per-channel std the model normalises with (timm's IMAGENET_DEFAULT_STD)."""
-        return self.train_input.options.std
+        return STD
 
     @property
     def eval_sets(self) -> list[EvalSet]:

@@ -22,16 +22,19 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extensi
 
 from kpca.training.data_checks.bad_files import (
     EVALUATION_FIX,
-    TRAINING_FIX,
     BadFilesMode,
     NamedFileErrors,
     describe_error,
+    training_fix,
 )
 from kpca.training.data_checks.check_data import check_in_workers
 from kpca.training.data_checks.problems import DataError, DataProblem
 from kpca.training.images.decoding import strict_image_decoding
 from kpca.vision_cls.robustness import check_class_folders
 
+TRAIN_GROUP = "data.train"
+"""The training options' group (:class:`kpca.vision_cls.input.options.TrainData`), as messages spell them."""
+TRAINING_FIX = training_fix(TRAIN_GROUP)
 IMAGE_EXTENSIONS = ", ".join(IMG_EXTENSIONS)
 EMPTY_FOLDER_FIX = (
     "Put the class's images in it or remove the folder (labels come from the folder names, so train and val need "
@@ -61,8 +64,8 @@ def sample_path(dataset: Dataset, index: int) -> str:
 
 
 def training_set(dataset: Dataset, mode: BadFilesMode, max_bad_fraction: float) -> NamedFileErrors:
-    """The training set with named read errors, skipping damaged files in ``skip`` mode (``data.bad_files``)."""
-    return _named(dataset, "train", mode=mode, max_bad_fraction=max_bad_fraction)
+    """The training set with named read errors, skipping damaged files in ``skip`` mode (``data.train.bad_files``)."""
+    return _named(dataset, "train", mode=mode, max_bad_fraction=max_bad_fraction, group=TRAIN_GROUP)
 
 
 def evaluation_set(dataset: Dataset, split: str) -> NamedFileErrors:

@@ -4,12 +4,12 @@ timm's ``AugmentOp`` turns a magnitude m (0-10, after its noise) into its op's a
 (``timm.data.auto_augment.LEVEL_TO_ARG``), negates some arguments at random, and hands them to Pillow. Three
 executors run that policy, and each reads it from here:
 
-* the DataLoader workers (``data.input: turbo``): timm's own RandAugment object, whose slow ops compute Pillow's
+* the DataLoader workers (``data.train.input: turbo``): timm's own RandAugment object, whose slow ops compute Pillow's
   pixels with compiled kernels (:mod:`kpca.vision_cls.input.workers.compiled_rand_augment`) that read
   :data:`AFFINE`, :data:`SMOOTH` and :func:`cubic`;
-* NVIDIA DALI (``data.input: dali``): one argument table per op over the magnitude bins, from :func:`arguments`
+* NVIDIA DALI (``data.train.input: dali``): one argument table per op over the magnitude bins, from :func:`arguments`
   (:mod:`kpca.vision_cls.input.dali.tables`);
-* the device (``data.augment_on: device_randaugment``): each image's argument from its draws with
+* the device (``data.train.augment_on: device_randaugment``): each image's argument from its draws with
   :func:`arguments`, and Pillow's ops in torch with these constants (:mod:`kpca.vision_cls.input.device`).
 
 The policy's string, timm's ``rand-m9-mstd0.5-inc1``, is parsed here too (:func:`parse_rand_augment`): DALI's

@@ -1,7 +1,8 @@
 """The training samplers: DeiT's repeated-augmentation sampler, and the sampler of a loader Lightning does not wrap.
 
-The DataLoader paths (``data.input: turbo | timm``) get :class:`RepeatAugSampler` with ``data.repeated_aug > 1``,
-else Lightning's own. The DALI path is no DataLoader, so :func:`rank_sampler` builds the one Lightning would inject.
+The DataLoader paths (``data.train.input: turbo | timm``) get :class:`RepeatAugSampler` with ``data.train.repeated_aug >
+1``, else Lightning's own. The DALI path is no DataLoader, so :func:`rank_sampler` builds the one Lightning would
+inject.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def rank_sampler(dataset: Sized, num_replicas: int, rank: int, repeated_aug: int
         dataset: What is sampled (only its length is used).
         num_replicas: Number of processes.
         rank: This process's rank.
-        repeated_aug: ``data.repeated_aug``: copies of each sample per epoch spread over the ranks; 1 disables.
+        repeated_aug: ``data.train.repeated_aug``: copies of each sample per epoch spread over the ranks; 1 disables.
         seed: Base seed of the per-epoch permutation (``PL_GLOBAL_SEED``); the same on all ranks.
     """
     if repeated_aug > 1:

@@ -1,9 +1,10 @@
 """What every training input path offers ImageNetDataModule: setup, this rank's loader, and the device tail.
 
-:func:`kpca.vision_cls.input.build_train_input` builds one from :class:`~kpca.vision_cls.input.options.TrainOptions`:
-:class:`~kpca.vision_cls.input.workers.train_input.WorkerInput` (``data.input: turbo | timm``) or
-:class:`~kpca.vision_cls.input.dali.train_input.DaliInput` (``data.input: dali``). The datamodule holds it and asks
-it, never the options, what to do.
+:func:`kpca.vision_cls.input.build_train_input` builds one from the ``data.train`` group
+(:class:`~kpca.vision_cls.input.options.TrainData`):
+:class:`~kpca.vision_cls.input.workers.train_input.WorkerInput` (``data.train.input: turbo | timm``) or
+:class:`~kpca.vision_cls.input.dali.train_input.DaliInput` (``data.train.input: dali``). The datamodule holds it and
+asks it, never the options, what to do.
 """
 
 from __future__ import annotations
@@ -18,18 +19,22 @@ from torch import Tensor
 
 from kpca.training.data import ProjectDataModule
 from kpca.vision_cls.input.device.tail import DeviceTail
-from kpca.vision_cls.input.options import TrainOptions
+from kpca.vision_cls.input.options import Interpolation, TrainData
 
 
 class TrainInput(ABC):
     """A training input path: what it reads at setup, this rank's training loader, and the device tail after transfer.
 
     Args:
-        options: The checked ``data`` options of the path.
+        train: The checked ``data.train`` group.
+        image_size: Side of the square training crop, in pixels (``data.image_size``).
+        interpolation: Resampling filter of the crop and of RandAugment (``data.interpolation``).
     """
 
-    def __init__(self, options: TrainOptions) -> None:
-        self.options = options
+    def __init__(self, train: TrainData, image_size: int, interpolation: Interpolation) -> None:
+        self.train = train
+        self.image_size = image_size
+        self.interpolation = interpolation
 
     @abstractmethod
     def setup(self, root: Path, classes: Sequence[str]) -> None:
@@ -45,8 +50,8 @@ class TrainInput(ABC):
 
     @cached_property
     def device_tail(self) -> DeviceTail:
-        """What runs on each training batch after transfer (``data.augment_on``), built at its first batch."""
-        return DeviceTail.from_options(self.options)
+        """What runs on each training batch after transfer (``data.train.augment_on``), built at its first batch."""
+        return DeviceTail.from_options(self.train, self.image_size, self.interpolation)
 
 
 def rank_of(datamodule: ProjectDataModule) -> tuple[int, int]:

@@ -30,28 +30,37 @@ logger = logging.getLogger(__name__)
 BadFilesMode = Literal["error", "skip"]
 BAD_FILES_METRIC = "data/bad_files"
 
-TRAINING_FIX = (
-    "Replace it with an intact copy or delete it (the app's check-data subcommand lists every damaged file), or set "
-    "data.bad_files=skip to train without it."
-)
+
+def training_fix(group: str = "data") -> str:
+    """The fix of a damaged training file, naming ``<group>.bad_files`` (the app's spelling of the option)."""
+    return (
+        "Replace it with an intact copy or delete it (the app's check-data subcommand lists every damaged file), or "
+        f"set {group}.bad_files=skip to train without it."
+    )
+
+
+TRAINING_FIX = training_fix()
 EVALUATION_FIX = (
     "Replace it with an intact copy or delete it (the app's check-data subcommand lists every damaged file); "
     "evaluation never skips files, so that every metric is over the whole set."
 )
 
 
-def check_bad_files_options(bad_files: str, max_bad_fraction: float) -> None:
-    """Raise ValueError naming the value and the choices if ``data.bad_files`` or ``data.max_bad_fraction`` is bad."""
+def check_bad_files_options(bad_files: str, max_bad_fraction: float, group: str = "data") -> None:
+    """Raise OptionError naming the value and the choices if ``bad_files`` or ``max_bad_fraction`` is bad.
+
+    The options are named ``<group>.bad_files`` and ``<group>.max_bad_fraction``, as the app spells them.
+    """
     check_choice(
-        "data.bad_files",
+        f"{group}.bad_files",
         bad_files,
         BadFilesMode,
         "'error' stops at the first damaged file, naming it; 'skip' trains without it, logging and counting it",
     )
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise OptionError(
-            f"data.max_bad_fraction={max_bad_fraction} must be a fraction in [0, 1] of the training set that "
-            "data.bad_files=skip may skip before the run stops (default 0.001)."
+            f"{group}.max_bad_fraction={max_bad_fraction} must be a fraction in [0, 1] of the training set that "
+            f"{group}.bad_files=skip may skip before the run stops (default 0.001)."
         )
 
 
@@ -73,6 +82,7 @@ class NamedFileErrors(Dataset):
         mode: ``error`` raises a DataError at the first damaged file; ``skip`` returns the next item that reads.
         max_bad_fraction: in ``skip`` mode, the run stops once more than this fraction of the set is damaged.
         evaluation: an evaluation set: the mode must be ``error`` and the fix says that evaluation never skips.
+        group: how the app spells the options' group in messages (``<group>.bad_files``).
 
     Raises:
         ValueError: If the options are bad, or ``evaluation`` is set with ``mode="skip"``.
@@ -86,8 +96,9 @@ class NamedFileErrors(Dataset):
         mode: BadFilesMode = "error",
         max_bad_fraction: float = 0.001,
         evaluation: bool = False,
+        group: str = "data",
     ) -> None:
-        check_bad_files_options(mode, max_bad_fraction)
+        check_bad_files_options(mode, max_bad_fraction, group)
         if evaluation and mode != "error":
             raise OptionError(f"{split} is an evaluation set, which never skips files; got mode={mode!r}.")
         self.dataset = dataset
@@ -95,7 +106,8 @@ class NamedFileErrors(Dataset):
         self.split = split
         self.mode = mode
         self.max_bad_fraction = max_bad_fraction
-        self.fix = EVALUATION_FIX if evaluation else TRAINING_FIX
+        self.group = group
+        self.fix = EVALUATION_FIX if evaluation else training_fix(group)
         # One flag per item, in shared memory: workers (forked or spawned) set them, the main process counts them.
         self.flags = torch.zeros(len(dataset), dtype=torch.uint8).share_memory_()  # (N,)
 
@@ -155,17 +167,17 @@ class NamedFileErrors(Dataset):
         """Flag a damaged file, log it once, and stop with a DataError past ``max_bad_fraction``."""
         self.flags[index] = 1
         message = str(error) if isinstance(error, DataError) else self.problem(index, error).message()
-        logger.warning("data.bad_files=skip: skipping a damaged file: %s", message)
+        logger.warning("%s.bad_files=skip: skipping a damaged file: %s", self.group, message)
         count = self.bad_count
         if count <= self.max_bad_files:
             return
         summary = DataProblem(
             self.path_of(index),
             self.split,
-            f"{count} of the {len(self)} files of {self.split} are damaged, more than data.max_bad_fraction="
+            f"{count} of the {len(self)} files of {self.split} are damaged, more than {self.group}.max_bad_fraction="
             f"{self.max_bad_fraction} allows ({self.max_bad_files}); this one {describe_error(error)}",
             "Run the app's check-data subcommand to list every damaged file and repair or remove them, or raise "
-            "data.max_bad_fraction.",
+            f"{self.group}.max_bad_fraction.",
         )
         others = [
             DataProblem(path, self.split, "damaged, skipped earlier (its WARNING line says why)", self.fix)

@@ -1,4 +1,4 @@
-"""The NVIDIA DALI training input path (``data.input: dali``): DALI reads, decodes and augments.
+"""The NVIDIA DALI training input path (``data.train.input: dali``): DALI reads, decodes and augments.
 
 * :mod:`.recipe`: the transform in timm's terms, and timm's RandAugment string parsed for it.
 * :mod:`.tables`: timm's RandAugment as argument tables (:mod:`kpca.vision_cls.input.policy`'s levels per bin).

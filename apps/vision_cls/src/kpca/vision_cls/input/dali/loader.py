@@ -1,4 +1,4 @@
-"""The DALI training input path (``data.input: dali``): the loader Lightning iterates.
+"""The DALI training input path (``data.train.input: dali``): the loader Lightning iterates.
 
 The pipeline (:mod:`kpca.vision_cls.input.dali.graph`) mirrors the workers' DeiT recipe (timm's
 ``transforms_imagenet_train``, :class:`~kpca.vision_cls.input.dali.recipe.DaliTrainRecipe`) up to the uint8 crop:
@@ -44,8 +44,8 @@ def require_dali() -> None:
         import nvidia.dali  # noqa: F401
     except ImportError as error:
         raise ImportError(
-            f"data.input=dali needs NVIDIA DALI, which is not importable ({error}). Install the extra: "
-            f"{DALI_INSTALL} (or set data.input=turbo, the default, or data.input=timm)."
+            f"data.train.input=dali needs NVIDIA DALI, which is not importable ({error}). Install the extra: "
+            f"{DALI_INSTALL} (or set data.train.input=turbo, the default, or data.train.input=timm)."
         ) from error
 
 

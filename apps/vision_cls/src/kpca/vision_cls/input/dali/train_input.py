@@ -1,4 +1,4 @@
-"""The DALI input path (``data.input: dali``): DALI reads ``root/train``'s files in the sampler's order."""
+"""The DALI input path (``data.train.input: dali``): DALI reads ``root/train``'s files in the sampler's order."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from kpca.training.data import ProjectDataModule, require_built
 from kpca.vision_cls.input.dali.loader import DaliTrainLoader, image_folder_samples, require_dali
 from kpca.vision_cls.input.dali.recipe import DaliTrainRecipe
-from kpca.vision_cls.input.options import TrainOptions
+from kpca.vision_cls.input.options import MEAN, Interpolation, TrainData
 from kpca.vision_cls.input.samplers import rank_sampler
 from kpca.vision_cls.input.train_input import TrainInput, rank_of, run_seed
 
@@ -19,15 +19,17 @@ class DaliInput(TrainInput):
     """The training files listed at setup and read, decoded and augmented by DALI (no ImageFolder, no workers).
 
     Args:
-        options: The checked options; ``input`` is ``"dali"``.
+        train: The checked ``data.train`` group; ``input`` is ``"dali"``.
+        image_size: Side of the square training crop, in pixels (``data.image_size``).
+        interpolation: Resampling filter of the crop and of RandAugment (``data.interpolation``).
 
     Raises:
         ImportError: NVIDIA DALI is not importable; the message gives the install command.
     """
 
-    def __init__(self, options: TrainOptions) -> None:
+    def __init__(self, train: TrainData, image_size: int, interpolation: Interpolation) -> None:
         require_dali()
-        super().__init__(options)
+        super().__init__(train, image_size, interpolation)
         self.samples: list[tuple[str, int]] | None = None
 
     def setup(self, root: Path, classes: Sequence[str]) -> None:
@@ -42,12 +44,12 @@ class DaliInput(TrainInput):
         seeded with ``PL_GLOBAL_SEED``); Lightning calls its ``set_epoch`` as for a DataLoader's sampler.
         """
         samples = require_built(self.samples, "fit")
-        options, trainer = self.options, datamodule.trainer
+        train, trainer = self.train, datamodule.trainer
         world_size, rank = rank_of(datamodule)
         seed = run_seed()
-        sampler = rank_sampler(samples, world_size, rank, options.repeated_aug, seed)
+        sampler = rank_sampler(samples, world_size, rank, train.repeated_aug, seed)
         recipe = DaliTrainRecipe.from_timm(
-            options.image_size, options.scale, options.hflip, options.auto_augment, options.interpolation, options.mean
+            self.image_size, train.scale, train.hflip, train.auto_augment, self.interpolation, MEAN
         )
         device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
         threads = max(1, datamodule.num_workers)

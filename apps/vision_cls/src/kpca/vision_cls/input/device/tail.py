@@ -1,8 +1,8 @@
 """The batched tail of DeiT's training transform, run on the device after transfer: uint8 -> float, random erasing.
 
-With ``data.augment_on: device`` (or ``device_randaugment``, which adds RandAugment before) the workers stop at uint8
-(3, H, W) tensors (4x fewer bytes to collate, pin and copy) and skip the per-image float conversion and erasing, as
-timm's ``PrefetchLoader`` does on the GPU. Mixup/CutMix already run batched on the device
+With ``data.train.augment_on: device`` (or ``device_randaugment``, which adds RandAugment before) the workers stop at
+uint8 (3, H, W) tensors (4x fewer bytes to collate, pin and copy) and skip the per-image float conversion and erasing,
+as timm's ``PrefetchLoader`` does on the GPU. Mixup/CutMix already run batched on the device
 (:class:`~kpca.vision_cls.module.ClassificationModule`).
 
 Legend: B batch, C channels (3), H x W image, A erasing attempts.
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from kpca.training.choices import check_choice
 from kpca.vision_cls.input.device.rand_augment import BatchRandAugment
-from kpca.vision_cls.input.options import ErasingMode, TrainOptions
+from kpca.vision_cls.input.options import MEAN, STD, ErasingMode, Interpolation, TrainData
 from kpca.vision_cls.input.policy import timm_train_hparams
 
 ERASING_ATTEMPTS = 10  # timm's RandomErasing tries this many boxes before giving up on an image
@@ -122,7 +122,7 @@ def _uniform_integer(counts: Tensor) -> Tensor:
 
 
 class DeviceTail:
-    """The device tail of the training transform: what ``data.augment_on`` moved out of the workers, batched.
+    """The device tail of the training transform: what ``data.train.augment_on`` moved out of the workers, batched.
 
     RandAugment where it moved here, then uint8 -> float in [0, 1] and random erasing where those moved here; nothing
     with ``augment_on: workers``, whose batches arrive finished.
@@ -145,16 +145,16 @@ class DeviceTail:
         self.erasing = erasing
 
     @classmethod
-    def from_options(cls, options: TrainOptions) -> DeviceTail:
-        """The tail of ``options.augment_on`` (:data:`kpca.vision_cls.input.options.AUGMENT_ON`)."""
-        on_device = options.on_device
+    def from_options(cls, train: TrainData, image_size: int, interpolation: Interpolation) -> DeviceTail:
+        """The tail of ``train.augment_on`` (:data:`kpca.vision_cls.input.options.AUGMENT_ON`) at ``image_size``."""
+        on_device = train.on_device
         rand_augment = None
         if on_device.rand_augment:
-            hparams = timm_train_hparams(options.image_size, options.mean, options.interpolation)
-            rand_augment = BatchRandAugment(options.auto_augment, hparams)
+            hparams = timm_train_hparams(image_size, MEAN, interpolation)
+            rand_augment = BatchRandAugment(train.auto_augment, hparams)
         erasing = None
-        if on_device.float_and_erasing and options.re_prob > 0:
-            erasing = BatchRandomErasing(options.re_prob, options.mean, options.std, mode=options.re_mode)
+        if on_device.float_and_erasing and train.re_prob > 0:
+            erasing = BatchRandomErasing(train.re_prob, MEAN, STD, mode=train.re_mode)
         return cls(rand_augment, on_device.float_and_erasing, erasing)
 
     def __call__(self, images: Tensor) -> Tensor:

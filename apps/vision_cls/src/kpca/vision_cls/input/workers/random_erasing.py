@@ -1,6 +1,7 @@
-"""DeiT's random erasing per image, in pixel space: the workers' eraser (``data.augment_on: workers``).
+"""DeiT's random erasing per image, in pixel space: the workers' eraser (``data.train.augment_on: workers``).
 
-The batched eraser of ``data.augment_on: device`` is :class:`kpca.vision_cls.input.device.tail.BatchRandomErasing`.
+The batched eraser of ``data.train.augment_on: device`` is
+:class:`kpca.vision_cls.input.device.tail.BatchRandomErasing`.
 
 Legend: H x W image.
 """

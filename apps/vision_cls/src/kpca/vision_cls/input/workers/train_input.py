@@ -1,4 +1,4 @@
-"""The DataLoader workers' input path (``data.input: turbo | timm``): an ImageFolder whose workers run the transform."""
+"""The DataLoader workers' input path (``data.train.input: turbo | timm``): an ImageFolder, its workers transforming."""
 
 from __future__ import annotations
 
@@ -11,34 +11,30 @@ from torchvision.datasets import ImageFolder
 
 from kpca.training.data import ProjectDataModule, require_built
 from kpca.vision_cls.data_checks import training_set
-from kpca.vision_cls.input.options import TrainOptions
 from kpca.vision_cls.input.samplers import RepeatAugSampler
 from kpca.vision_cls.input.train_input import TrainInput, rank_of, run_seed
 from kpca.vision_cls.input.workers.transform import train_image_loader, worker_train_transform
 
 
 class WorkerInput(TrainInput):
-    """``root/train`` as an ImageFolder (damaged files named or skipped, ``data.bad_files``) read by DataLoader workers.
+    """``root/train`` as an ImageFolder (damaged files named or skipped, ``data.train.bad_files``) read by workers.
 
-    Args:
-        options: The checked options; ``input`` is ``"turbo"`` or ``"timm"``.
+    Takes :class:`TrainInput`'s arguments; ``train.input`` is ``"turbo"`` or ``"timm"``.
     """
 
-    def __init__(self, options: TrainOptions) -> None:
-        super().__init__(options)
-        self.dataset: Dataset | None = None
+    dataset: Dataset | None = None
 
     def transform(self) -> transforms.Compose:
         """The workers' transform per image (:func:`kpca.vision_cls.input.workers.transform.worker_train_transform`)."""
-        return worker_train_transform(self.options)
+        return worker_train_transform(self.train, self.image_size, self.interpolation)
 
     def setup(self, root: Path, classes: Sequence[str]) -> None:
         """Build the training ImageFolder over ``root/train`` with :meth:`transform`, once."""
         if self.dataset is not None:
             return
-        loader = train_image_loader(self.options.input)
+        loader = train_image_loader(self.train.input)
         folder = ImageFolder(str(root / "train"), transform=self.transform(), loader=loader)
-        self.dataset = training_set(folder, self.options.bad_files, self.options.max_bad_fraction)
+        self.dataset = training_set(folder, self.train.bad_files, self.train.max_bad_fraction)
 
     def loader(self, datamodule: ProjectDataModule) -> DataLoader:
         """Shuffled batches of the per-device size, last partial batch dropped (:meth:`ProjectDataModule.train_loader`).
@@ -49,8 +45,8 @@ class WorkerInput(TrainInput):
         ``DistributedSampler``.
         """
         dataset = require_built(self.dataset, "fit")
-        if self.options.repeated_aug == 1:
+        if self.train.repeated_aug == 1:
             return datamodule.train_loader(dataset)
         world_size, rank = rank_of(datamodule)
-        sampler = RepeatAugSampler(dataset, world_size, rank, num_repeats=self.options.repeated_aug, seed=run_seed())
+        sampler = RepeatAugSampler(dataset, world_size, rank, num_repeats=self.train.repeated_aug, seed=run_seed())
         return datamodule.train_loader(dataset, sampler=sampler)

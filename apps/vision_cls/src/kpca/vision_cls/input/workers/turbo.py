@@ -1,4 +1,4 @@
-"""The turbo training transform of the workers (``data.input: turbo``): libjpeg-turbo decode, torch crop and resize.
+"""The workers' turbo training transform (``data.train.input: turbo``): libjpeg-turbo decode, torch crop and resize.
 
 timm's DeiT transform decodes with PIL and crops, resizes and flips PIL images. The turbo path draws the same random
 numbers from the same generators in the same order, and changes only how the pixels are computed:
@@ -100,7 +100,7 @@ class TensorRandomResizedCrop:
         if unsupported:
             raise OptionError(
                 f"interpolation {unsupported} has no torch resize on the turbo path; use one of bicubic, bilinear, "
-                "nearest, or set data.input=timm for timm's PIL transform."
+                "nearest, or set data.train.input=timm for timm's PIL transform."
             )
         self.crop = crop
 
