@@ -1,14 +1,17 @@
-"""Canary: the private Lightning names kpca.training depends on still exist, with the shape it relies on.
+"""Canary: the private Lightning and jsonargparse names kpca.training uses still exist, with the shape it relies on.
 
-A Lightning upgrade that renames or reshapes one of them fails here, with the name and the kpca file that uses it,
-instead of deep inside a fit. Each entry: (what, where kpca uses it, check).
+An upgrade that renames or reshapes one of them fails here, with the name and the kpca file that uses it, instead of
+deep inside a fit or a refused command. Each entry: (what, where kpca uses it, check).
 """
 
 from __future__ import annotations
 
 import inspect
+from argparse import ArgumentError
 from pathlib import Path
+from typing import Literal
 
+import jsonargparse
 import lightning
 import pytest
 from jsonargparse import ArgumentParser
@@ -77,6 +80,84 @@ def _fit_loop_loader_states() -> None:
     assert loop._combined_loader_states_to_load == [] and loop._combined_loader is None and loop._data_fetcher is None
     assert "self._combined_loader_states_to_load" in inspect.getsource(_FitLoop._load_combined_loader_states)
     assert _parameters(CombinedLoader._load_state_dicts) == ["self", "states"]
+
+
+def _typehint() -> None:
+    parser = ArgumentParser()
+    parser.add_argument("--x.kind", type=Literal["a", "b"] | None)
+    assert parser._option_string_actions["--x.kind"]._typehint == Literal["a", "b"] | None
+
+
+def _subcommand_parsers() -> None:
+    parser, fit = ArgumentParser(), ArgumentParser()
+    parser.add_subcommands().add_subcommand("fit", fit)
+    assert parser._subcommands_action._name_parser_map["fit"] is fit
+    assert fit.parent_parser is parser and fit.subcommand == "fit"
+
+
+def _parsed_args() -> None:
+    parser = ArgumentParser()
+    parser.add_argument("--n", type=int)
+    parser.parse_args(["--n=1"])
+    assert parser.args == ["--n=1"]
+
+
+def _error_of_a_subcommand() -> None:
+    assert _parameters(ArgumentParser.error) == ["self", "message", "ex"]
+    parser, fit = ArgumentParser(exit_on_error=False), ArgumentParser(exit_on_error=False)
+    fit.add_argument("--n", type=int)
+    parser.add_subcommands().add_subcommand("fit", fit)
+    try:
+        parser.parse_string("fit:\n  m: 1\n")
+    except ArgumentError as error:  # error() raises it from the exception it was given (its ``ex``)
+        assert error.__cause__.subcommand_parser is fit
+    else:
+        raise AssertionError("an unknown key of a subcommand was accepted")
+
+
+PRIVATE_JSONARGPARSE_NAMES = {
+    "ActionTypeHint._typehint": ("kpca/training/parser.py reshape: what a bad value should have been", _typehint),
+    "ArgumentParser._subcommands_action, parent_parser, subcommand": (
+        "kpca/training/parser.py ProjectArgumentParser.error: the subcommand whose options a refusal lists",
+        _subcommand_parsers,
+    ),
+    "ArgumentParser.args": (
+        "kpca/training/parser.py ProjectArgumentParser.error: the command line parsed",
+        _parsed_args,
+    ),
+    "error(message, ex) and ex.subcommand_parser": (
+        "kpca/training/parser.py ProjectArgumentParser.error: the subcommand parser that refused a config key",
+        _error_of_a_subcommand,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE_JSONARGPARSE_NAMES))
+def test_private_jsonargparse_name_is_still_there(name):
+    where, check = PRIVATE_JSONARGPARSE_NAMES[name]
+    try:
+        check()
+    except (AttributeError, AssertionError, TypeError, KeyError) as error:
+        pytest.fail(
+            f"jsonargparse {jsonargparse.__version__} changed the private {name} ({type(error).__name__}: {error}); "
+            f"{where} depends on it: adapt that code to the new jsonargparse, or pin jsonargparse in "
+            "requirements/constraints.txt and the packages' pyproject.toml"
+        )
+
+
+JSONARGPARSE_USED_AS = {
+    "ActionTypeHint._typehint": '"_typehint"',
+    "ArgumentParser._subcommands_action, parent_parser, subcommand": "_name_parser_map",
+    "ArgumentParser.args": "root.args",
+    "error(message, ex) and ex.subcommand_parser": '"subcommand_parser"',
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE_JSONARGPARSE_NAMES))
+def test_the_named_kpca_file_still_uses_the_jsonargparse_name(name):
+    """The jsonargparse canary list stays true: drop an entry when kpca stops using the name."""
+    path = SOURCE / PRIVATE_JSONARGPARSE_NAMES[name][0].split(" ")[0]
+    assert JSONARGPARSE_USED_AS[name] in path.read_text(encoding="utf-8"), f"{path} no longer uses {name}"
 
 
 PRIVATE_NAMES = {

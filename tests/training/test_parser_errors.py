@@ -1,8 +1,8 @@
 """A refused command starts with one ``error: <option path>: <what is wrong>`` line, says where the value came from,
 and prints no usage (kpca.training.parser).
 
-The CLI tests run the real console script as a user types it; the unit tests feed :func:`reshape` jsonargparse's
-real messages (jsonargparse 4.53, captured from ``vision-cls fit``).
+The CLI tests run the real console script as a user types it; the others run the language model's own parser in
+this process, so that a jsonargparse upgrade that changes its messages or types fails them.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ import sys
 from argparse import ArgumentError
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from jsonargparse import ArgumentParser
 
 from kpca.attention.spec import kinds
+from kpca.language_model.cli import main as lm_main
 from kpca.training.parser import (
     COMMAND_LINE,
     MAX_DETAIL_LINES,
@@ -28,9 +30,10 @@ from kpca.training.parser import (
     reshape,
     suggestions,
 )
-from tests.cli_support import CONFIGS, CPU
+from tests.cli_support import CONFIGS, CPU, refusal
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
+LM_SMOKE = CONFIGS / "language_model" / "smoke.yaml"
 KINDS = ", ".join(repr(kind) for kind in kinds())  # the registered attention kinds, as the parser lists them
 BAD_KIND = f"error: model.net.init_args.attention.kind: 'rcp' is not one of {KINDS}"
 
@@ -113,163 +116,141 @@ def test_a_missing_config_file_is_named(tmp_path: Path):
     assert lines[0] == f"error: config: file does not exist: '{tmp_path / 'nope.yaml'}'"
 
 
-# reshape: jsonargparse's messages
+# The real parser: the language model's command, in this process
 
 
-def test_a_nested_literal_gives_the_full_path_and_the_values():
-    message = (
-        'Parser key "model.net":\n'
-        "  Problem with given class_path 'kpca.vision_cls.model.ViTClassifier':\n"
-        '    Parser key "attention.kind":\n'
-        f"      Expected a typing.Literal[{KINDS}]. Got value: rcp"
+def lm_refused(capsys: pytest.CaptureFixture, *args: object, subcommand: str = "fit") -> list[str]:
+    """The stderr lines of ``language-model fit -c cpu.yaml -c smoke.yaml <args>`` (``args`` before ``fit`` when
+    ``subcommand`` is None), refused by the app's own parser: exit status 2, one ``error:`` line first, no usage."""
+    command = (
+        [subcommand, "-c", CPU, "-c", LM_SMOKE, *args] if subcommand else [*args, "fit", "-c", CPU, "-c", LM_SMOKE]
     )
-    refusal = reshape(message)
-    assert refusal.first_line() == BAD_KIND
-    assert refusal.details is None
+    error = refusal(capsys, lm_main, "language-model", *command)
+    lines = error.splitlines()
+    assert lines[0].startswith("error: ") and "usage:" not in error and "Traceback" not in error, error
+    assert lines[-1] == "see: language-model fit --help", error
+    return lines
 
 
-def test_a_wrong_type():
-    refusal = reshape("Parser key \"trainer.max_steps\":\n  Expected a <class 'int'>. Got value: abc")
-    assert refusal == Refusal("trainer.max_steps", "expected int, got 'abc'")
-
-
-def test_a_plain_union_says_its_types():
-    message = (
-        'Parser key "data.eval.subset":\n'
-        "  Does not validate against any of the Union subtypes\n"
-        "  Subtypes: [<class 'int'>, <class 'NoneType'>]\n"
-        "  Errors:\n"
-        "    - Expected a <class 'int'>\n"
-        "    - Expected a <class 'NoneType'>\n"
-        "  Given value type: <class 'str'>\n"
-        "  Given value: abc"
-    )
-    assert reshape(message) == Refusal("data.eval.subset", "expected int or None, got 'abc'")
-
-
-def test_a_union_of_literals_says_its_values():
-    message = (
-        'Parser key "trainer.precision":\n'
-        "  Does not validate against any of the Union subtypes\n"
-        "  Subtypes: [typing.Literal[64, 32, 16], typing.Literal['16-mixed', 'bf16-mixed'], <class 'NoneType'>]\n"
-        "  Errors:\n"
-        "    - Expected a typing.Literal[64, 32, 16]\n"
-        "    - Expected a typing.Literal['16-mixed', 'bf16-mixed']\n"
-        "    - Expected a <class 'NoneType'>\n"
-        "  Given value type: <class 'str'>\n"
-        "  Given value: 33"
-    )
-    refusal = reshape(message)
-    assert refusal.path == "trainer.precision"
-    assert refusal.problem == "'33' is not one of 64, 32, 16, '16-mixed', 'bf16-mixed', None"
-    assert refusal.details is None
-
-
-def test_a_union_with_a_class_gives_the_class_problem_and_keeps_the_message():
-    message = (
-        'Parser key "lr_scheduler":\n'
-        "  Does not validate against any of the Union subtypes\n"
-        "  Subtypes: [<class 'torch.optim.lr_scheduler.LRScheduler'>, <class 'NoneType'>]\n"
-        "  Errors:\n"
-        "    - Problem with given class_path 'torch.optim.lr_scheduler.StepLR':\n"
-        "        the following arguments are required: step_size\n"
-        "    - Expected a <class 'NoneType'>\n"
-        "  Given value type: <class 'jsonargparse._namespace.Namespace'>\n"
-        "  Given value: Namespace(class_path='torch.optim.lr_scheduler.StepLR', init_args=Namespace(step_size=None))"
-    )
-    refusal = reshape(message)
-    assert refusal.path == "lr_scheduler"
-    assert refusal.problem == (
-        "class_path 'torch.optim.lr_scheduler.StepLR': the following arguments are required: step_size"
-    )
-    assert "Subtypes:" in refusal.details
-
-
-def test_a_callable_class_argument_gets_its_init_args_path():
-    message = (
-        'Parser key "model.optimizer":\n'
-        "  Type typing.Callable[[collections.abc.Iterable], torch.optim.optimizer.Optimizer] expects a function or a "
-        'callable class: Parser key "lr":\n'
-        "\n"
-        "    - Expected a path but abc either not accessible or invalid\n"
-        "    - Does not validate against any of the Union subtypes\n"
-        "    Subtypes: [<class 'float'>, <class 'torch.Tensor'>]\n"
-        "    Errors:\n"
-        "      - Expected a <class 'float'>\n"
-        "      - Expected a dot import path string: abc\n"
-        "    Given value type: <class 'str'>\n"
-        "    Given value: abc. Got value: Namespace(class_path='torch.optim.AdamW', init_args=Namespace(lr='abc'))"
-    )
-    refusal = reshape(message)
-    assert refusal.first_line() == "error: model.optimizer.init_args.lr: expected float or torch.Tensor, got 'abc'"
-    assert refusal.details.startswith("- Expected a path but abc")  # the path alternative is news
-
-
-def test_a_class_that_does_not_import():
-    message = "Parser key \"model.net\":\n  Problem with given class_path 'foo.Bar':\n    No module named 'foo'"
-    assert reshape(message) == Refusal("model.net", "class_path 'foo.Bar': No module named 'foo'")
+def test_a_nested_literal_gives_the_full_path_and_the_values(capsys: pytest.CaptureFixture):
+    lines = lm_refused(capsys, "--model.net.init_args.attention.kind=rcp")
+    assert lines[:2] == [BAD_KIND, f"  {COMMAND_LINE}"] and len(lines) == 3
 
 
 @pytest.mark.parametrize(
-    ("message", "path", "problem", "subcommand"),
+    ("option", "problem"),
     [
-        ("Subcommand 'fit' does not accept option 'data.eval_subst'", "data.eval_subst",
-         "Group 'data' does not accept option 'eval_subst'", "fit"),
-        ("Subcommand 'fit' does not accept option 'foo'", "foo",
-         "Subcommand 'fit' does not accept option 'foo'", "fit"),
-        ("Group 'trainer' does not accept option 'max_step'", "trainer.max_step",
-         "Group 'trainer' does not accept option 'max_step'", None),
-        ("Option 'trainer.max_step' is not accepted before subcommand 'fit'", "trainer.max_step",
-         "not accepted before subcommand 'fit'", "fit"),
+        ("--data.context=abc", "data.context: expected int, got 'abc'"),
+        ("--trainer.limit_train_batches=abc", "trainer.limit_train_batches: expected float, int or None, got 'abc'"),
+        ("--model.net.init_args.attention.lambd=abc", "model.net.init_args.attention.lambd: expected float or None, "
+         "got 'abc'"),
     ],
 )  # fmt: skip
-def test_an_unknown_key(message: str, path: str, problem: str, subcommand: str | None):
-    assert reshape(message) == Refusal(path, problem, unknown=(path,), subcommand=subcommand)
+def test_a_wrong_type_says_the_types_the_option_takes(capsys: pytest.CaptureFixture, option: str, problem: str):
+    assert lm_refused(capsys, option) == [f"error: {problem}", f"  {COMMAND_LINE}", "see: language-model fit --help"]
 
 
-def test_an_unknown_key_of_a_class():
-    message = (
-        'Parser key "model.net":\n'
-        "  Problem with given class_path 'kpca.vision_cls.model.ViTClassifier':\n"
-        "    Option 'depthh' is not accepted"
-    )
-    refusal = reshape(message)
-    assert refusal.path == "model.net.init_args.depthh"
-    assert refusal.problem == "kpca.vision_cls.model.ViTClassifier does not accept option 'depthh'"
+def test_a_union_of_literals_says_its_values(capsys: pytest.CaptureFixture):
+    lines = lm_refused(capsys, "--trainer.precision=33")
+    assert lines[0].startswith("error: trainer.precision: '33' is not one of 64, 32, 16, ")
+    assert "'bf16-mixed'" in lines[0] and lines[0].endswith(", None") and len(lines) == 3
 
 
-def test_unrecognized_arguments_keep_the_spelling_typed():
-    assert reshape("unrecognized arguments: --trainer.max_step=3 extra") == Refusal(
-        None, "unrecognized arguments: --trainer.max_step=3 extra", unknown=("--trainer.max_step",)
-    )
+def test_a_union_with_a_class_gives_the_class_problem_and_keeps_the_message(capsys: pytest.CaptureFixture):
+    lines = lm_refused(capsys, "--lr_scheduler=torch.optim.lr_scheduler.StepLR")
+    step_size = "the following arguments are required: step_size"
+    assert lines[0] == f"error: lr_scheduler: class_path 'torch.optim.lr_scheduler.StepLR': {step_size}"
+    assert any(line.strip().startswith("Subtypes: [") for line in lines)
+
+
+def test_a_callable_class_argument_gets_its_init_args_path(capsys: pytest.CaptureFixture):
+    lines = lm_refused(capsys, "--model.optimizer.init_args.lr=abc")
+    assert lines[0] == "error: model.optimizer.init_args.lr: expected float or torch.Tensor, got 'abc'"
+    assert "  - Expected a path but abc either not accessible or invalid" in lines  # the path alternative is news
+
+
+def test_a_class_that_does_not_import(capsys: pytest.CaptureFixture):
+    lines = lm_refused(capsys, "--model.net=foo.Bar")
+    assert lines[0] == "error: model.net: class_path 'foo.Bar': No module named 'foo'"
+
+
+def test_an_unknown_key_in_a_config_file_is_the_group_s_with_the_close_one(tmp_path: Path, capsys):
+    flat = config(tmp_path, "data: {contxt: 3}\n")
+    scoped = tmp_path / "scoped.yaml"
+    scoped.write_text("fit:\n  data: {contxt: 3}\n")
+    for lines, file in (
+        (lm_refused(capsys, "-c", flat), flat),
+        (lm_refused(capsys, "-c", scoped, subcommand=None), scoped),
+    ):
+        assert lines[:3] == [
+            "error: data.contxt: Group 'data' does not accept option 'contxt'",
+            f"  (set in {file})",
+            "did you mean data.context?",
+        ]
+
+
+def test_an_option_before_the_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture):
+    root = config(tmp_path, "trainer: {max_step: 3}\n")
+    lines = lm_refused(capsys, "-c", root, subcommand=None)
+    assert lines[:3] == [
+        "error: trainer.max_step: not accepted before subcommand 'fit'",
+        f"  (set in {root})",
+        "did you mean trainer.max_steps?",
+    ]
+
+
+def test_an_unknown_key_of_a_class(capsys: pytest.CaptureFixture):
+    lines = lm_refused(capsys, "--model.net.init_args.depthh=3")
+    model = "kpca.language_model.model.CausalTransformerLM"
+    assert lines[0] == f"error: model.net.init_args.depthh: {model} does not accept option 'depthh'"
+
+
+def test_unrecognized_arguments_keep_the_spelling_typed(capsys: pytest.CaptureFixture):
+    assert lm_refused(capsys, "--trainer.max_step=3")[:2] == [
+        "error: unrecognized arguments: --trainer.max_step=3",
+        "did you mean --trainer.max_steps?",
+    ]
+    nested = lm_refused(capsys, "--model.net.init_args.attention.kid=rcp")
+    assert nested[0] == "error: unrecognized arguments: --model.net.init_args.attention.kid=rcp"
+
+
+def test_config_file_problems(tmp_path: Path, capsys: pytest.CaptureFixture):
+    broken = config(tmp_path, "trainer: [\n")
+    assert lm_refused(capsys, "-c", broken)[:2] == [
+        "error: config: not valid YAML: did not find expected node content (line 2, column 1)",
+        f"  (in {broken})",
+    ]
+    scalar = config(tmp_path, "just a string\n")
+    assert lm_refused(capsys, "-c", scalar)[0] == "error: config: not a YAML mapping of options: 'just a string'"
+    missing = tmp_path / "nope.yaml"
+    assert lm_refused(capsys, "-c", missing)[:2] == [
+        f"error: config: file does not exist: '{missing}'",
+        f"  {COMMAND_LINE}",
+    ]
+
+
+def test_other_messages_keep_their_text(capsys: pytest.CaptureFixture):
+    assert lm_refused(capsys, "--trainer.max_steps")[0] == "error: trainer.max_steps: expected one argument"
+    error = refusal(capsys, lm_main, "language-model").splitlines()
+    assert error[0].startswith('error: expected "subcommand" to be one of {fit,'), error
+
+
+def test_what_a_bad_value_should_be_comes_from_the_parser_s_type():
+    """The values listed are the parser's Literal, not the ones jsonargparse's message happens to print."""
+    parser = ProjectArgumentParser(exit_on_error=False)
+    parser.add_argument("--net", type=_Net)
+    parser.add_argument("--mode", type=Literal["fast", "exact"])
+    message = "Parser key \"mode\":\n  Expected a typing.Literal['other']. Got value: slow"
+    assert reshape(message, parser) == Refusal("mode", "'slow' is not one of 'fast', 'exact'")
     nested = (
-        'Parser key "model.net":\n'
-        "  Problem with given class_path 'kpca.vision_cls.model.ViTClassifier':\n"
-        "    unrecognized arguments: --attention.kid=rcp"
+        'Parser key "net":\n'
+        f"  Problem with given class_path '{__name__}._Net':\n"
+        '    Parser key "settings.lambd":\n'
+        "      Expected a <class 'str'>. Got value: x"
     )
-    assert reshape(nested).first_line() == "error: unrecognized arguments: --model.net.init_args.attention.kid=rcp"
-
-
-def test_config_file_problems():
-    syntax = (
-        "Problems parsing config: while parsing a block mapping\n"
-        '  in "<unicode string>", line 1, column 1\n'
-        "did not find expected key\n"
-        '  in "<unicode string>", line 3, column 2'
-    )
-    assert reshape(syntax) == Refusal("config", "not valid YAML: did not find expected key (line 3, column 2)")
-    missing = "Parser key \"config\": File does not exist: '/tmp/nope.yaml'"
-    assert reshape(missing) == Refusal("config", "file does not exist: '/tmp/nope.yaml'")
-    scalar = "Unexpected config: just a string\n"
-    assert reshape(scalar) == Refusal("config", "not a YAML mapping of options: 'just a string'")
-
-
-def test_other_messages_keep_their_text():
-    assert reshape("argument --trainer.max_steps: expected one argument") == Refusal(
-        "trainer.max_steps", "expected one argument"
-    )
-    no_subcommand = 'expected "subcommand" to be one of {fit,validate}, but it was not provided.'
-    assert reshape(no_subcommand) == Refusal(None, no_subcommand)
+    assert reshape(nested, parser) == Refusal("net.init_args.settings.lambd", "expected float or None, got 'x'")
+    assert reshape(nested) == Refusal("net.init_args.settings.lambd", "'x' is not accepted: Expected a <class 'str'>. "
+                                      "Got value: x")  # fmt: skip
 
 
 # Where a value came from, close options, the whole report

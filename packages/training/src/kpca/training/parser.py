@@ -1,32 +1,33 @@
-"""The argument parser of every app's command: Lightning's, with errors that a user reads in one line.
+"""The argument parser of every app's command: Lightning's, with a refusal a user reads in one line.
 
-:class:`ProjectArgumentParser` is the parser class :class:`kpca.training.cli.ProjectCLI` builds its main and
-subcommand parsers from. Prefix matching is off (``--trainer.max_step`` is refused, not read as ``max_steps``).
-
-A refusal is short and starts with what is wrong (:func:`error_report`), instead of jsonargparse's usage dump that
-ends with a nested message::
+:class:`ProjectArgumentParser` is the parser class :class:`kpca.training.cli.ProjectCLI` builds its parsers from.
+Prefix matching is off (``--trainer.max_step`` is refused, not read as ``max_steps``). A refusal starts with what is
+wrong, says where the value came from and names a close option, instead of jsonargparse's usage dump::
 
     error: model.net.init_args.attention.kind: 'rcp' is not one of 'softmax', 'symmetric', 'rpc', ...
       (set in configs/vision_cls/smoke.yaml)
     see: vision-cls fit --help
 
-:func:`reshape` reads jsonargparse's message into the option's full dotted path and a one-line problem; the command
-line tells where the value came from (:func:`origin`) and a close option name (:func:`suggestions`).
+jsonargparse's message gives the structure (the nested option path, the value given, an unknown key's wording); what
+a bad value should have been comes from the parser's own type for that option (:func:`reshape`).
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 import re
 import sys
 import textwrap
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import types
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn, Union, get_args, get_origin
 
 import yaml
+from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser
 
 COMMAND_LINE = "(given on the command line)"
@@ -35,18 +36,21 @@ COMMAND_LINE = "(given on the command line)"
 MAX_DETAIL_LINES = 8
 """jsonargparse's message, when a refusal shows it, is cut after this many lines."""
 
-_STEP = re.compile(
-    r"""\s*(?:
-        Parser\ key\ "(?P<key>[^"]+)":
+_LEVEL = re.compile(
+    r"""\s*(?:Parser\ key\ "(?P<key>[^"]+)":
       | Problem\ with\ given\ class_path\ '(?P<class_path>[^']+)':
-      | Type\ .+?\ expects\ a\ function\ or\ a\ callable\ class:\ (?=Parser\ key)
-    )""",
+      | Type\ .+?\ expects\ a\ function\ or\ a\ callable\ class:\ (?=Parser\ key))""",
     re.VERBOSE,
 )
-"""One level of a nested jsonargparse message: a key, a class's init_args, a callable class's init_args."""
+"""One level of a nested jsonargparse message: an option's key, a class's init_args, a callable class's init_args."""
 
-_GIVEN = re.compile(r"^Given value: (?P<value>.*?)(?:\. Got value: .*)?\Z", re.M | re.S)
-_YAML_MARK = re.compile(r'^\s*in ".*", line (?P<line>\d+), column (?P<column>\d+)$')
+_ROUTINE = re.compile(
+    r"\s*(?:- )?(?:Expected a (?:<class '[^']*'>|typing\.\S.*|dot import path string: .*)(?:\. Got value: .*)?"
+    r"|Does not validate against any of the Union subtypes|Subtypes: .*|Errors:|Given value(?: type)?: .*)"
+)
+"""A line of jsonargparse's message that the one-line problem already says (the types tried, the value given)."""
+
+_YAML_MARK = re.compile(r'\s*in ".*", line (\d+), column (\d+)$')
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,7 @@ class Refusal:
     Attributes:
         path: the failing option's full dotted path, as typed on the command line (None when the error names none).
         problem: what is wrong, in one line.
-        details: jsonargparse's own words for the failing value (its message below the levels that ``path`` spells
-            out), when they say more than ``problem``.
+        details: jsonargparse's own words below the path, when they say more than ``problem``.
         unknown: options the error calls unknown (``--name`` as typed, or a config file's dotted key).
         subcommand: the subcommand the message names.
     """
@@ -73,246 +76,167 @@ class Refusal:
         return f"error: {self.path}: {self.problem}" if self.path else f"error: {self.problem}"
 
 
-@dataclass(frozen=True)
-class _Unnested:
-    """A nested jsonargparse message: the path down to the innermost problem, and that problem's text."""
+def _unnest(message: str) -> tuple[list[str], str | None, str]:
+    """The option path a nested message spells out, the class of its innermost ``init_args``, and the rest.
 
-    parts: tuple[str, ...]
-    class_path: str | None
-    text: str
-
-    @property
-    def path(self) -> str:
-        return ".".join(self.parts)
-
-
-def _unnest(message: str) -> _Unnested:
-    """Follow a message's ``Parser key "..."`` / ``Problem with given class_path`` levels down to its problem."""
+    ``Parser key "model.net": / Problem with given class_path 'C': / Parser key "attention.kind": / Expected ...``
+    gives ``["model", "net", "init_args", "attention", "kind"]``, ``"C"`` and ``Expected ...``.
+    """
     parts: list[str] = []
-    class_path = None
-    text = message.strip()
-    while step := _STEP.match(text):
-        if step["key"]:
-            parts += step["key"].split(".")
-            class_path = None
+    class_path, text = None, message.strip()
+    while level := _LEVEL.match(text):
+        if level["key"]:
+            parts += level["key"].split(".")
         else:
             parts.append("init_args")
-            class_path = step["class_path"]
-        text = _block_after(text[step.end() :])
-    return _Unnested(tuple(parts), class_path, text)
+            class_path = level["class_path"] or _named_class(text)
+        inline, _, block = text[level.end() :].partition("\n")
+        text = "\n".join(part for part in (inline.strip(), textwrap.dedent(block).strip("\n")) if part)
+    return parts, class_path, text
 
 
-def _block_after(rest: str) -> str:
-    """The text after a level's colon: the rest of its line, then its indented block, dedented."""
-    inline, _, block = rest.partition("\n")
-    block = textwrap.dedent(block).strip("\n")
-    return "\n".join(part for part in (inline.strip(), block) if part)
+def _named_class(text: str) -> str | None:
+    """The class a callable class's message names in the value it got (``Namespace(class_path='...'``)."""
+    named = re.search(r"class_path='([\w.]+)'", text)
+    return named[1] if named else None
 
 
-def _type_name(text: str) -> str:
-    """A type as jsonargparse prints it, as a user reads it: ``<class 'int'>`` -> ``int``."""
-    text = text.strip()
-    if cls := re.fullmatch(r"<class '(.*)'>", text):
-        return "None" if cls[1] == "NoneType" else cls[1]
-    return text.replace("typing.", "")
+def _given_value(text: str) -> str | None:
+    """The value jsonargparse says it was given (None for a class's whole namespace or when it says none)."""
+    given = re.search(r"^Given value: (.*?)(?:\. Got value: .*)?\Z", text, re.M | re.S)
+    given = given or re.search(r"\. Got value: (.*)\Z", text, re.S)
+    return given[1] if given and not given[1].startswith("Namespace(") else None
 
 
-def _alternatives(text: str) -> list[str]:
-    """What a type as jsonargparse prints it accepts, as a user reads it: a Literal's values, else the type's name."""
-    if literal := re.fullmatch(r"typing\.Literal\[(.*)\]", text.strip(), re.S):
-        return _split_top_level(literal[1])
-    return [_type_name(text)]
+def _type_at(parser: ArgumentParser, parts: list[str], class_path: str | None) -> Any:
+    """The type the parser gives the option at ``parts``; inside a class, the type that class's parser gives it."""
+    if "init_args" in parts:
+        if class_path is None:
+            return None
+        module, _, name = class_path.rpartition(".")
+        try:
+            parser = ArgumentParser(exit_on_error=False)
+            parser.add_class_arguments(getattr(importlib.import_module(module), name))
+        except Exception:  # noqa: BLE001 (a class that does not import or has no signature: no type to read)
+            return None
+        parts = parts[len(parts) - parts[::-1].index("init_args") :]
+    action = parser._option_string_actions.get("--" + ".".join(parts))
+    return getattr(action, "_typehint", None)
 
 
-def _either(names: Sequence[str]) -> str:
-    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+def _alternatives(hint: Any) -> list[tuple[str, bool]]:
+    """``(text, is a value)`` for what ``hint`` accepts: each Literal value and None as a value, else a type's name."""
+    if get_origin(hint) in (Union, types.UnionType):
+        return [alternative for arg in get_args(hint) for alternative in _alternatives(arg)]
+    if get_origin(hint) is Literal:
+        return [(repr(value), True) for value in get_args(hint)]
+    if hint is type(None):
+        return [("None", True)]
+    if isinstance(hint, type) and not get_args(hint):
+        return [(hint.__name__ if hint.__module__ == "builtins" else f"{hint.__module__}.{hint.__qualname__}", False)]
+    return [(str(hint).replace("typing.", ""), False)]
 
 
-def _split_top_level(text: str) -> list[str]:
-    """The comma-separated items of ``text``, not splitting inside brackets or quotes."""
-    items, depth, quote, start = [], 0, None, 0
-    for i, char in enumerate(text):
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "[(":
-            depth += 1
-        elif char in "])":
-            depth -= 1
-        elif char == "," and depth == 0:
-            items.append(text[start:i].strip())
-            start = i + 1
-    return [*items, text[start:].strip()] if text.strip() else items
+def _bad_value(value: str, hint: Any) -> str:
+    """The problem of ``value`` for an option of type ``hint``: the values it takes, or the types.
 
-
-def _quoted(value: str) -> str:
-    return f"'{value}'"
-
-
-def _literal(unnested: _Unnested) -> Refusal | None:
-    literal = r"Expected a typing\.Literal\[(?P<values>.*)\]\. Got value: (?P<value>.*)"
-    match = re.fullmatch(literal, unnested.text, re.S)
-    if not match:
-        return None
-    return Refusal(unnested.path, f"{_quoted(match['value'])} is not one of {match['values']}")
-
-
-def _expected(unnested: _Unnested) -> Refusal | None:
-    match = re.fullmatch(r"Expected a (?P<type>.+?)\. Got value: (?P<value>.*)", unnested.text, re.S)
-    if not match:
-        return None
-    return Refusal(unnested.path, f"expected {_type_name(match['type'])}, got {_quoted(match['value'])}")
-
-
-def _union(unnested: _Unnested) -> Refusal | None:
-    """A value that fits none of a Union's types; jsonargparse's list of them says no more when each is plain.
-
-    When one of the types is a class that the given class_path names, its own problem is the problem.
+    Types are listed by name (a Union's order depends on which equal Union Python built first), values in the order
+    their Literal gives, None last.
     """
-    text = unnested.text
-    if block := _class_problem(text):
-        inner = reshape(block)
-        path = ".".join(part for part in (unnested.path, inner.path) if part)
-        return Refusal(path, inner.problem, details=text)
-    subtypes = re.search(r"^Subtypes: \[(.*)\]$", text, re.M)
-    given = _GIVEN.search(text)
-    if not (subtypes and given):
-        return None
-    items = _split_top_level(subtypes[1])
-    accepted = [name for item in items for name in _alternatives(item)]
-    value = _quoted(given["value"])
-    if all(item.startswith("typing.Literal") or item == "<class 'NoneType'>" for item in items):
-        problem = f"{value} is not one of {', '.join(accepted)}"
-    else:
-        problem = f"expected {_either(accepted)}, got {value}"
-    errors = re.search(r"^Errors:\n(.*?)^Given value type:", text, re.M | re.S)
-    plain = text.startswith("Does not validate against any of the Union subtypes") and errors is not None
-    plain = plain and all(re.fullmatch(r"\s*- Expected a [^\n]*", line) for line in errors[1].splitlines())
-    return Refusal(unnested.path, problem, details=None if plain else text)
+    alternatives = _alternatives(hint)
+    types_ = sorted({text for text, is_value in alternatives if not is_value})
+    values = [text for text, is_value in alternatives if is_value and text != "None"]
+    texts = [*types_, *values, *(["None"] if ("None", True) in alternatives else [])]
+    if not types_:
+        return f"'{value}' is not one of {', '.join(texts)}"
+    either = f"{', '.join(texts[:-1])} or {texts[-1]}" if len(texts) > 1 else texts[0]
+    return f"expected {either}, got '{value}'"
 
 
 def _class_problem(text: str) -> str | None:
-    """The ``- Problem with given class_path '...':`` item of a Union's errors, with its indented lines, dedented."""
+    """The ``- Problem with given class_path '...':`` item of a Union's errors with its indented lines, dedented."""
     lines = text.splitlines()
-    item = (i for i, line in enumerate(lines) if line.lstrip().startswith("- Problem with given class_path"))
-    start = next(item, None)
+    start = next(
+        (i for i, line in enumerate(lines) if line.lstrip().startswith("- Problem with given class_path")), None
+    )
     if start is None:
         return None
-    inside = (i for i in range(start + 1, len(lines)) if _indent(lines[i]) <= _indent(lines[start]))
-    end = next(inside, len(lines))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next((i for i in range(start + 1, len(lines)) if len(lines[i]) - len(lines[i].lstrip()) <= indent), None)
     return textwrap.dedent("\n".join(lines[start:end])).removeprefix("- ")
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip())
-
-
-def _missing_file(unnested: _Unnested) -> Refusal | None:
-    match = re.fullmatch(r"File does not exist: (?P<file>.*)", unnested.text)
-    return Refusal(unnested.path, f"file does not exist: {match['file']}") if match else None
-
-
-def _not_accepted(unnested: _Unnested) -> Refusal | None:
-    """An unknown key, in a config file or a class's init_args, in any of jsonargparse's wordings."""
-    text = unnested.text
-    if match := re.fullmatch(r"Subcommand '(?P<sub>[^']+)' does not accept option '(?P<key>[^']+)'", text):
-        group, _, name = match["key"].rpartition(".")
-        owner = f"Group '{group}'" if group else f"Subcommand '{match['sub']}'"
-        problem = f"{owner} does not accept option '{name}'"
-        return Refusal(match["key"], problem, unknown=(match["key"],), subcommand=match["sub"])
-    if match := re.fullmatch(r"Group '(?P<group>[^']+)' does not accept option '(?P<name>[^']+)'", text):
-        key = f"{match['group']}.{match['name']}"
-        return Refusal(key, text, unknown=(key,))
-    if match := re.fullmatch(r"Option '(?P<name>[^']+)' is not accepted(?P<rest>.*)", text):
-        key = ".".join((*unnested.parts, match["name"]))
-        if unnested.class_path:
-            return Refusal(key, f"{unnested.class_path} does not accept option '{match['name']}'")
-        subcommand = re.search(r"subcommand '([^']+)'", match["rest"])
-        problem = f"not accepted{match['rest']}" if match["rest"] else "no such option"
+def _unknown_key(parts: list[str], class_path: str | None, text: str) -> Refusal | None:
+    """An unknown key (in a config file, a subcommand or a class's init_args) or unrecognized arguments."""
+    if match := re.fullmatch(r"Subcommand '([^']+)' does not accept option '([^']+)'", text):
+        group, _, name = match[2].rpartition(".")
+        owner = f"Group '{group}'" if group else f"Subcommand '{match[1]}'"
+        return Refusal(match[2], f"{owner} does not accept option '{name}'", unknown=(match[2],), subcommand=match[1])
+    if match := re.fullmatch(r"Group '([^']+)' does not accept option '([^']+)'", text):
+        return Refusal(f"{match[1]}.{match[2]}", text, unknown=(f"{match[1]}.{match[2]}",))
+    if match := re.fullmatch(r"Option '([^']+)' is not accepted(.*)", text):
+        key = ".".join((*parts, match[1]))
+        if parts[-1:] == ["init_args"]:
+            return Refusal(key, f"{class_path} does not accept option '{match[1]}'")
+        subcommand = re.search(r"subcommand '([^']+)'", match[2])
+        problem = f"not accepted{match[2]}" if match[2] else "no such option"
         return Refusal(key, problem, unknown=(key,), subcommand=subcommand[1] if subcommand else None)
+    if match := re.fullmatch(r"unrecognized arguments: (.*)", text, re.S):
+        prefix = f"--{'.'.join(parts)}." if parts else "--"
+        args = [prefix + arg[2:] if arg.startswith("--") else arg for arg in match[1].split()]
+        unknown = tuple(arg.split("=")[0] for arg in args if arg.startswith("--"))
+        return Refusal(None, f"unrecognized arguments: {' '.join(args)}", unknown=unknown)
     return None
 
 
-def _unrecognized(unnested: _Unnested) -> Refusal | None:
-    """Unknown command-line arguments; inside a class's options, spelled as the user typed them (full path)."""
-    match = re.fullmatch(r"unrecognized arguments: (?P<args>.*)", unnested.text, re.S)
-    if not match:
+def _config_problem(text: str) -> Refusal | None:
+    """A config file that is missing, no YAML (its last problem and where), or no mapping of options."""
+    if match := re.fullmatch(r"File does not exist: (.*)", text):
+        return Refusal("config", f"file does not exist: {match[1]}")
+    if match := re.fullmatch(r"Unexpected config: (.*)", text, re.S):
+        return Refusal("config", f"not a YAML mapping of options: {match[1].strip()!r}")
+    if not (match := re.fullmatch(r"Problems parsing config: (.*)", text, re.S)):
         return None
-    prefix = f"--{unnested.path}." if unnested.parts else "--"
-    args = [prefix + arg[2:] if arg.startswith("--") else arg for arg in match["args"].split()]
-    unknown = tuple(arg.split("=")[0] for arg in args if arg.startswith("--"))
-    return Refusal(None, f"unrecognized arguments: {' '.join(args)}", unknown=unknown)
-
-
-def _argument(unnested: _Unnested) -> Refusal | None:
-    match = re.fullmatch(r"argument (?P<name>[^:]+): (?P<problem>.*)", unnested.text, re.S)
-    return Refusal(match["name"].lstrip("-"), match["problem"]) if match else None
-
-
-def _yaml_syntax(unnested: _Unnested) -> Refusal | None:
-    """A config file that is no YAML: its last problem and where it is (jsonargparse does not name the file)."""
-    match = re.fullmatch(r"Problems parsing config: (?P<error>.*)", unnested.text, re.S)
-    if not match:
-        return None
-    lines = match["error"].splitlines()
-    marks = [(i, mark) for i, line in enumerate(lines) if (mark := _YAML_MARK.match(line))]
+    lines = match[1].splitlines()
+    marks = [
+        (i, mark) for i, line in enumerate(lines) if (mark := re.match(r'\s*in ".*", line (\d+), column (\d+)$', line))
+    ]
     if not marks or marks[-1][0] == 0:
-        return Refusal("config", f"not valid YAML: {lines[0]}", details=match["error"] if len(lines) > 1 else None)
+        return Refusal("config", f"not valid YAML: {lines[0]}", details=match[1] if len(lines) > 1 else None)
     at, mark = marks[-1]
-    return Refusal("config", f"not valid YAML: {lines[at - 1]} (line {mark['line']}, column {mark['column']})")
+    return Refusal("config", f"not valid YAML: {lines[at - 1]} (line {mark[1]}, column {mark[2]})")
 
 
-def _not_a_mapping(unnested: _Unnested) -> Refusal | None:
-    match = re.fullmatch(r"Unexpected config: (?P<content>.*)", unnested.text, re.S)
-    if not match:
-        return None
-    return Refusal("config", f"not a YAML mapping of options: {match['content'].strip()!r}")
-
-
-def _fallback(unnested: _Unnested, message: str) -> Refusal:
-    """Any other message: its innermost first line; the innermost text as details when it says more."""
-    lines = [line for line in unnested.text.splitlines() if line.strip()] or [message.strip()]
-    problem = lines[0].strip().removeprefix("- ")
-    if (given := _GIVEN.search(unnested.text)) and not given["value"].startswith("Namespace("):
-        problem = f"{_quoted(given['value'])} is not accepted: {problem}"
-    path = unnested.path or None
-    if unnested.class_path:  # the class itself failed (an import, a required argument)
-        path = ".".join(unnested.parts[:-1])
-        problem = f"class_path '{unnested.class_path}': {problem}"
-    return Refusal(path, problem, details=unnested.text if len(lines) > 1 else None)
-
-
-_SHAPES: tuple[Callable[[_Unnested], Refusal | None], ...] = (
-    _literal,
-    _expected,
-    _union,
-    _missing_file,
-    _not_accepted,
-    _unrecognized,
-    _argument,
-    _yaml_syntax,
-    _not_a_mapping,
-)
-
-
-def reshape(message: str) -> Refusal:
+def reshape(message: str, parser: ArgumentParser | None = None) -> Refusal:
     """Reshape jsonargparse's error ``message`` into a :class:`Refusal`: the full option path, the problem in a line.
 
-    A nested message (``Parser key "model.net":`` / ``Problem with given class_path '...':`` / ``Parser key
-    "attention.kind":`` / ``Expected a typing.Literal[...]. Got value: rcp``) gives the path as a user types it
-    (``model.net.init_args.attention.kind``) and its innermost problem in words (``'rcp' is not one of ...``).
+    A bad value's problem lists what the option takes, read from ``parser``'s type for it (the type of the class's
+    own option inside a class's ``init_args``); without ``parser`` or a type, jsonargparse's innermost line.
     """
-    unnested = _unnest(message)
-    for shape in _SHAPES:
-        if refusal := shape(unnested):
-            return refusal
-    return _fallback(unnested, message)
+    parts, class_path, text = _unnest(message)
+    path = ".".join(parts) or None
+    if refusal := _unknown_key(parts, class_path, text) or _config_problem(text):
+        return refusal
+    if match := re.fullmatch(r"argument ([^:]+): (.*)", text, re.S):
+        return Refusal(match[1].lstrip("-"), match[2])
+    if block := _class_problem(text):  # a Union's class member, whose own problem is the one to say
+        inner = reshape(block)
+        return Refusal(".".join(part for part in (path, inner.path) if part), inner.problem, details=text)
+    lines = [line for line in text.splitlines() if line.strip()] or [message.strip()]
+    details = text if any(not _ROUTINE.fullmatch(line) for line in lines) and len(lines) > 1 else None
+    value = _given_value(text)
+    hint = _type_at(parser, parts, class_path) if parser is not None and value is not None else None
+    if hint is not None:
+        return Refusal(path, _bad_value(value, hint), details=details)
+    problem = lines[0].strip().removeprefix("- ")
+    problem = f"'{value}' is not accepted: {problem}" if value is not None else problem
+    if parts[-1:] == ["init_args"]:  # the class itself failed (an import, a required argument)
+        path, problem = ".".join(parts[:-1]), f"class_path '{class_path}': {problem}"
+    return Refusal(path, problem, details=text if len(lines) > 1 else None)
 
 
 def _command_line_items(args: Sequence[str]) -> Iterator[tuple[str, str]]:
     """``("config", file)`` for each ``-c``/``--config`` file and ``("option", dotted name)`` for each other option."""
-    args = list(args)
     for i, arg in enumerate(args):
         if arg in ("-c", "--config") and i + 1 < len(args):
             yield "config", args[i + 1]
@@ -324,7 +248,7 @@ def _command_line_items(args: Sequence[str]) -> Iterator[tuple[str, str]]:
 
 def config_files(args: Sequence[str]) -> list[str]:
     """The config files of command line ``args``, as typed, in order (the main command's and the subcommand's)."""
-    return [item for kind, item in _command_line_items(args) if kind == "config"]
+    return [item for kind, item in _command_line_items(list(args)) if kind == "config"]
 
 
 def _load(file: str) -> Any:
@@ -348,13 +272,10 @@ def _holds(tree: Any, parts: Sequence[str]) -> bool:
     )
 
 
-def _nested(key: str, group: str) -> bool:
-    """Whether ``key`` is ``group`` or a key inside it."""
+def _within(key: str, group: str) -> bool:
+    """Whether ``key`` is ``group`` or a key inside it, ``init_args`` left out of both."""
+    key, group = (".".join(part for part in name.split(".") if part != "init_args") for name in (key, group))
     return key == group or key.startswith(f"{group}.")
-
-
-def _plain(name: str) -> str:
-    return ".".join(part for part in name.split(".") if part != "init_args")
 
 
 def origin(path: str, args: Sequence[str], subcommand: str | None = None) -> str | None:
@@ -367,15 +288,14 @@ def origin(path: str, args: Sequence[str], subcommand: str | None = None) -> str
     if path == "config":
         broken = next((file for file in config_files(args) if not isinstance(_load(file), dict)), None)
         return None if broken is None else COMMAND_LINE if not Path(broken).is_file() else f"(in {broken})"
-    parts = path.split(".")
     where = None
-    for kind, item in _command_line_items(args):
+    for kind, item in _command_line_items(list(args)):
         if kind == "config":
             tree = _load(item)
             scoped = tree.get(subcommand) if subcommand and isinstance(tree, dict) else None
-            if _holds(tree, parts) or _holds(scoped, parts):
+            if _holds(tree, path.split(".")) or _holds(scoped, path.split(".")):
                 where = f"(set in {item})"
-        elif _nested(_plain(path), _plain(item)) or _nested(_plain(item), _plain(path)):
+        elif _within(path, item) or _within(item, path):
             where = COMMAND_LINE
     return where
 
@@ -395,47 +315,23 @@ def suggestions(unknown: Iterable[str], options: Iterable[str]) -> list[str]:
     return found
 
 
-def _indented(text: str) -> str:
-    lines = text.strip("\n").splitlines()
-    if len(lines) > MAX_DETAIL_LINES:
-        lines = [*lines[: MAX_DETAIL_LINES - 1], "..."]
-    return "\n".join(f"  {line}" for line in lines)
-
-
 def error_report(
-    refusal: Refusal,
-    args: Sequence[str],
-    command: str,
-    options: Iterable[str] = (),
-    subcommand: str | None = None,
+    refusal: Refusal, args: Sequence[str], command: str, options: Iterable[str] = (), subcommand: str | None = None
 ) -> str:
-    """What a refused command prints on stderr, the error's one line first.
+    """What a refused ``command`` prints (``args``: its command line without the program's name).
 
-    Then where the value came from, a close option name, jsonargparse's message when it says more, and where to
-    see the accepted options; no usage.
-
-    Args:
-        refusal: jsonargparse's error message, reshaped (:func:`reshape`).
-        args: the command line (without the program's name).
-        command: the command whose ``--help`` lists the options (``vision-cls fit``).
-        options: the option strings of that command's parser (for a suggestion of a close one).
-        subcommand: the subcommand that was parsing, if known.
+    The error's line, where the value came from, a close option among ``options``, jsonargparse's message when it
+    says more (cut at :data:`MAX_DETAIL_LINES`) and where to see the accepted options; no usage.
     """
-    subcommand = subcommand or refusal.subcommand
     lines = [refusal.first_line()]
-    if refusal.path and (where := origin(refusal.path, args, subcommand)):
+    if refusal.path and (where := origin(refusal.path, args, subcommand or refusal.subcommand)):
         lines.append(f"  {where}")
     lines += [f"did you mean {close}?" for close in suggestions(refusal.unknown, options)]
     if refusal.details:
-        lines.append(_indented(refusal.details))
-    lines.append(f"see: {command} --help")
-    return "\n".join(lines) + "\n"
-
-
-def _root(parser: Any) -> Any:
-    while getattr(parser, "parent_parser", None) is not None:
-        parser = parser.parent_parser
-    return parser
+        details = refusal.details.strip("\n").splitlines()
+        details = [*details[: MAX_DETAIL_LINES - 1], "..."] if len(details) > MAX_DETAIL_LINES else details
+        lines += [f"  {line}" for line in details]
+    return "\n".join([*lines, f"see: {command} --help"]) + "\n"
 
 
 _NESTED_NULL = re.compile(r"^(--[\w.]+)=None$")
@@ -466,15 +362,17 @@ class ProjectArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or "JSONARGPARSE_DEBUG" in os.environ:  # a nested parser, or debugging
             super().error(message, ex)
         self.logger.error(message)
-        refusal = reshape(message)
+        root = self
+        while getattr(root, "parent_parser", None) is not None:
+            root = root.parent_parser
+        args = sys.argv[1:] if getattr(root, "args", None) is None else root.args
         parser = getattr(ex, "subcommand_parser", None) or self
-        args = getattr(_root(self), "args", None)
-        args = sys.argv[1:] if args is None else args
-        subcommand = getattr(parser, "subcommand", None)
-        command = parser.prog.replace(" [options]", "")
-        if subcommand is None and (subcommand := refusal.subcommand or self._subcommand_in(args)):
-            # the main parser, refusing a subcommand's option (it validates the subcommand's values)
+        subcommand, command = getattr(parser, "subcommand", None), parser.prog.replace(" [options]", "")
+        if subcommand is None and (subcommand := self._subcommand_in(args)):  # the main parser, checking its values
             command, parser = f"{command} {subcommand}", self._subcommand_parser(subcommand) or parser
+        refusal = reshape(message, parser)
+        if parser is self and refusal.subcommand and (named := self._subcommand_parser(refusal.subcommand)):
+            command, parser, subcommand = f"{command} {refusal.subcommand}", named, refusal.subcommand
         sys.stderr.write(error_report(refusal, args, command, parser._option_string_actions, subcommand))
         self.exit(2)
 
