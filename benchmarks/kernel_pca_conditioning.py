@@ -19,9 +19,11 @@ import torch
 import yaml
 
 from kpca.training.analysis import analyze_network
+from kpca.training.moved_options import move_options
 from kpca.training.trainer import first_inputs
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.eval_data import EvalData
+from kpca.vision_cls.input import TrainData
 from kpca.vision_cls.module import ClassificationModule
 
 METRICS = ("gamma_spread", "eigen_residual", "projection_loss")
@@ -53,7 +55,8 @@ def main() -> None:
     summary = json.loads((args.fit_folder / "fit_summary.json").read_text(encoding="utf-8"))
     config = yaml.safe_load((args.fit_folder / "config.yaml").read_text(encoding="utf-8"))
     net = ClassificationModule.load_from_checkpoint(summary["best_model_path"], map_location="cpu").net.eval()
-    data = {**config["data"], "eval": EvalData(**config["data"].get("eval") or {})}
+    saved, _ = move_options(config["data"], ImageNetDataModule.moved_options, "config")  # a run saved before data.train
+    data = {**saved, "train": TrainData(**saved.get("train") or {}), "eval": EvalData(**saved.get("eval") or {})}
     inputs = first_inputs(ImageNetDataModule(**data), "val", args.samples)
     base = layer_summaries(net, inputs)
     state = {name: value.clone() for name, value in net.state_dict().items()}

@@ -23,6 +23,7 @@ import json
 import logging
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -65,6 +66,7 @@ from kpca.training.data_checks.bad_files import BadFilesMonitor
 from kpca.training.files import write_atomic
 from kpca.training.help_text import PlainHelpFormatter
 from kpca.training.machine_checks import check_cache_folder, check_machine
+from kpca.training.moved_options import Move, MovedConfigs, move_options
 from kpca.training.option_checks import check_optimizer, refused_trainer_options
 from kpca.training.parser import ProjectArgumentParser
 from kpca.training.run_lock import RunLock
@@ -156,6 +158,7 @@ class ProjectCLI(LightningCLI):
     def __init__(self, model_class, datamodule_class, args: ArgsType = None) -> None:
         console_logging()
         self._auto_resume_notes = []
+        self._moved_configs = MovedConfigs()
         super().__init__(
             model_class,
             datamodule_class,
@@ -226,9 +229,13 @@ class ProjectCLI(LightningCLI):
         before LightningCLI reads the checkpoint's hyper-parameters, so that a damaged file gets an error that names
         it instead of an unpickling error, and another app's file one that names that app instead of a parser dump.
         """
+        typed, args = args, self._move_config_options(args)
         self._args = args
         self._checkpoint_defaults(parser, args)
-        super().parse_arguments(parser, args)
+        with warnings.catch_warnings():
+            if typed is None and args is not None:  # sys.argv with moved copies of its config files
+                warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run")
+            super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand is None:
             return
@@ -246,14 +253,28 @@ class ProjectCLI(LightningCLI):
                 check_checkpoint(ckpt_path, subcommand)
             check_origin(ckpt_path, app_of(self.model_class), subcommand)
 
+    def _move_config_options(self, args: ArgsType) -> ArgsType:
+        """``args`` with each config file that spells a moved data option the old way read through a moved copy.
+
+        The datamodule's ``moved_options`` name the moves (:mod:`kpca.training.moved_options`); each one made is
+        logged. Arguments given as a dict or Namespace, and a command line without such a file, stay as they are.
+        """
+        moved = getattr(self.datamodule_class, "moved_options", {})
+        if not moved or not (args is None or isinstance(args, (list, tuple))):
+            return args
+        words, moves = self._moved_configs.rewrite(sys.argv[1:] if args is None else args, moved)
+        _log_moves(moves)
+        return words if moves else args
+
     def _checkpoint_defaults(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Let a checkpoint given to ``validate``/``test``/``predict``/``analyze``/``export`` stand in for the defaults.
 
         The model options it was trained with (and the data options its DataModule saved) become the subcommand
         parser's defaults, so that ``test -c <trainer> --ckpt_path X`` runs the checkpoint's model without its
-        experiment file; typed options still override them (see :meth:`_parse_ckpt_path`). Only a ``--ckpt_path``
-        typed on the command line is read here; a checkpoint that cannot be read is left to the later checks, which
-        name the problem.
+        experiment file; typed options still override them (see :meth:`_parse_ckpt_path`). Data options saved under a
+        spelling that has since moved are read at their new place (the datamodule's ``moved_options``), each move
+        logged. Only a ``--ckpt_path`` typed on the command line is read here; a checkpoint that cannot be read is left
+        to the later checks, which name the problem.
         """
         if not isinstance(args, (list, tuple)) and args is not None:
             return
@@ -266,6 +287,9 @@ class ProjectCLI(LightningCLI):
             trained, data = trained_model_options(ckpt_path), trained_data_options(ckpt_path)
         except Exception:  # noqa: BLE001 (any unreadable file: check_origin and Lightning name it later)
             return
+        moved = getattr(self.datamodule_class, "moved_options", {})
+        data, moves = move_options(data, moved, f"--ckpt_path {ckpt_path}")
+        _log_moves(moves)
         subparser = self._subcommand_parsers[subcommand]
         self._trained = trained
         _set_saved_defaults(subparser, "model", trained)
@@ -447,6 +471,13 @@ class ProjectCLI(LightningCLI):
         init.version = resume.run_folder.name
         if "purge_step" in init:  # TensorBoard hides the events a killed run wrote after its last checkpoint
             init.purge_step = resume.step
+
+
+def _log_moves(moves: list[Move]) -> None:
+    """Name each data option read at its new place, once (rank zero)."""
+    if rank_zero_only.rank == 0:
+        for move in moves:
+            logger.info(move.text)
 
 
 def _set_saved_defaults(parser: LightningArgumentParser, prefix: str, options: dict) -> None:

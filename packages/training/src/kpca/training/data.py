@@ -10,9 +10,9 @@ in the app's ``data.py``; :func:`require_datamodule` checks the trainer's datamo
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import lightning.pytorch as pl
 import torch
@@ -163,6 +163,10 @@ class ProjectDataModule(pl.LightningDataModule):
         multiprocessing_context: start method of the workers (``fork``, ``spawn``, ``forkserver``); None: the
             platform default (only with workers).
     """
+
+    moved_options: ClassVar[Mapping[str, str]] = {}
+    """Options that moved into a group, ``{old name: new dotted name}`` under ``data``: checkpoints and config files
+    saved before the move are read at the new place (:mod:`kpca.training.moved_options`)."""
 
     def __init__(
         self,
