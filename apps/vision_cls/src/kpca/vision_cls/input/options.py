@@ -106,11 +106,12 @@ class TrainData:
             RandAugment with its slow ops compiled (:mod:`kpca.vision_cls.input.workers.turbo`): the same random
             draws, pixels within interpolation noise of timm's, about twice the images/s per core. ``"timm"``:
             DataLoader workers run timm's PIL transform exactly, for bit-exact reproduction (the reference).
-            ``"dali"``: NVIDIA DALI (:mod:`kpca.vision_cls.input.dali`, extra ``pip install
-            'kpca-vision-cls[dali]'``) reads, decodes (nvJPEG on a GPU trainer, CPU operators otherwise), crops,
-            resizes, flips and RandAugments in ``data.num_workers`` threads, in the order of the sampler the workers
-            would have; it needs ``data.root`` (not ``data.builtin``), a ``rand-...`` or no ``auto_augment``,
-            ``augment_on="device"`` and ``bad_files="error"``. Evaluation loaders decode with PIL on every path.
+            ``"dali"``: NVIDIA DALI (:mod:`kpca.vision_cls.input.dali`, the extra
+            ``pip install 'kpca-vision-cls[dali]'``) reads, decodes (nvJPEG on a GPU trainer, CPU operators
+            otherwise), crops, resizes, flips and RandAugments in ``data.num_workers`` threads, in the order of the
+            sampler the workers would have; it needs ``data.root`` (not ``data.builtin``), a ``rand-...`` or no
+            ``auto_augment``, ``augment_on="device"`` and ``bad_files="error"``. Evaluation loaders decode with PIL on
+            every path.
         augment_on: Where the training transform finishes (:data:`AUGMENT_ON`). ``"device"``: the loader yields
             uint8 (3, H, W) images and the float conversion and random erasing run batched after transfer
             (:mod:`kpca.vision_cls.input.device.tail`, the same distributions). ``"workers"``: the DataLoader workers
