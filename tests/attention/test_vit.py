@@ -16,7 +16,8 @@ from kpca.attention import (
     register_attention_kind,
 )
 from kpca.attention import spec as spec_module
-from kpca.attention.vit import create_vit, load_vit_state_dict, model_name
+from kpca.attention.errors import AttentionOptionError
+from kpca.attention.vit import check_vit_sizes, create_vit, load_vit_state_dict, model_name
 
 from .helpers import assert_vit_holds
 
@@ -180,3 +181,20 @@ def test_load_vit_state_dict_interpolates_pos_embed_to_the_models_grid():
     grid = src[:, 1:].reshape(1, 4, 4, 32).permute(0, 3, 1, 2)  # (1, C, 4, 4)
     resized = torch.nn.functional.interpolate(grid, size=(6, 6), mode="bicubic", antialias=True)  # (1, C, 6, 6)
     torch.testing.assert_close(dst[:, 1:], resized.flatten(2).transpose(1, 2))  # (1, 36, C)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ({"patch_size": 0}, "patch_size=0 must be 1 or more"),
+        ({"embed_dim": 0}, "embed_dim=0 must be 1 or more"),
+        ({"img_size": 30, "patch_size": 8}, "img_size=30 is not a multiple of patch_size=8: .* e.g. img_size=24"),
+        ({"embed_dim": 32, "num_heads": 3}, "embed_dim=32 is not divisible by num_heads=3"),
+        ({"drop_path_rate": 1.0}, r"drop_path_rate=1.0 must be in \[0, 1\)"),
+    ],
+)
+def test_vit_sizes_timm_would_fail_on_later_are_refused(sizes: dict, message: str):
+    with pytest.raises(AttentionOptionError, match=message):
+        check_vit_sizes(sizes)
+    check_vit_sizes({"img_size": 32, "patch_size": 8, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.1})
+    check_vit_sizes({"img_size": None, "embed_dim": None})  # the architecture's own

@@ -319,6 +319,11 @@ class WikiTextDataModule(ProjectDataModule):
         )
         if context < 1:
             raise OptionError(f"context={context} must be >= 1 (tokens per training block and evaluation window)")
+        if eval_stride is not None and not 1 <= eval_stride <= context:
+            raise OptionError(
+                f"eval_stride={eval_stride} must be in [1, context={context}] (tokens between evaluation windows), "
+                "or null for context / 2"
+            )
         if not test_splits:
             raise OptionError(f"data.test_splits is empty; name at least one of {list(SPLITS)} (default: valid, test)")
         for split in test_splits:

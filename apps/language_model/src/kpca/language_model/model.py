@@ -165,8 +165,11 @@ class CausalTransformerLM(nn.Module):
         adaptive_div_value: float = 1.0,
     ) -> None:
         super().__init__()
-        if vocab_size < 2 or context < 1 or depth < 1:
-            raise OptionError(f"need vocab_size >= 2, context >= 1, depth >= 1; got {vocab_size}, {context}, {depth}")
+        sizes = {"vocab_size": (vocab_size, 2), "context": (context, 1), "width": (width, 1), "depth": (depth, 1)}
+        sizes |= {"num_heads": (num_heads, 1), "ffn_dim": (ffn_dim, 1)}
+        for name, (size, low) in sizes.items():
+            if size < low:
+                raise OptionError(f"{name}={size} must be {low} or more")
         if width % num_heads:
             raise OptionError(f"width {width} must be divisible by num_heads {num_heads}")
         check_choice("norm_position", norm_position, NormPosition)

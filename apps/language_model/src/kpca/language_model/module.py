@@ -35,6 +35,14 @@ class Generation:
     temperature: float = 1.0
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise OptionError(f"generation.max_new_tokens={self.max_new_tokens} must be 1 or more")
+        if self.top_k is not None and self.top_k < 1:
+            raise OptionError(f"generation.top_k={self.top_k} must be 1 or more, or null for greedy decoding")
+        if not self.temperature > 0:
+            raise OptionError(f"generation.temperature={self.temperature} must be above 0")
+
 
 class LanguageModelModule(NetModule):
     """Next-token training with warm-up then cosine decay; sliding-window perplexity; text generation.

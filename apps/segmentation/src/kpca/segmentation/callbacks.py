@@ -18,6 +18,7 @@ from kpca.segmentation.data import SegmentationData
 from kpca.segmentation.metrics import IGNORE_INDEX
 from kpca.training.callbacks import tensorboard_writer
 from kpca.training.data import require_datamodule
+from kpca.training.errors import OptionError
 from kpca.training.files import write_atomic
 from kpca.training.predictions import TablePredictionWriter
 
@@ -54,6 +55,10 @@ class SegmentationOverlays(pl.Callback):
     """
 
     def __init__(self, num_images: int = 4, alpha: float = 0.5) -> None:
+        if num_images < 0 or not 0.0 <= alpha <= 1.0:
+            raise OptionError(
+                f"overlays.num_images={num_images} must be 0 (no overlays) or more and overlays.alpha={alpha} in [0, 1]"
+            )
         self.num_images = num_images
         self.alpha = alpha
         self._samples: list[tuple[str, torch.Tensor, torch.Tensor]] = []

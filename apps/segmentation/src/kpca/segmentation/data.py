@@ -197,6 +197,27 @@ class SegmentationData(Protocol):
         """An RGB colour per class, for overlays."""
 
 
+def _check_geometry(
+    crop_size: int,
+    scale: tuple[int, int],
+    ratio_range: tuple[float, float],
+    cat_max_ratio: float,
+    train_subset: int | None,
+) -> None:
+    """Refuse training-crop and resize settings that mmseg's transforms would assert on or read as no resize."""
+    if crop_size < 1 or min(scale) < 1:
+        raise OptionError(
+            f"data.crop_size={crop_size} and data.scale={list(scale)} must be 1 or more (the paper: 512 and "
+            "[2048, 512])"
+        )
+    if not 0.0 < ratio_range[0] <= ratio_range[1]:
+        raise OptionError(f"data.ratio_range={list(ratio_range)} must satisfy 0 < low <= high (the paper: [0.5, 2.0])")
+    if not 0.0 < cat_max_ratio <= 1.0:
+        raise OptionError(f"data.cat_max_ratio={cat_max_ratio} must be in (0, 1] (the paper: 0.75; 1 disables)")
+    if train_subset is not None and train_subset < 1:
+        raise OptionError(f"data.train_subset={train_subset} must be 1 or more, or null for every training image")
+
+
 class ADE20KDataModule(ProjectDataModule):
     """ADE20K (or the built-in synthetic ADE20K) with mmseg's pipelines, and corrupted copies of the validation set.
 
@@ -267,6 +288,7 @@ class ADE20KDataModule(ProjectDataModule):
                 f"got root={root!r}, builtin={builtin!r}"
             )
         check_bad_files_options(bad_files, max_bad_fraction)
+        _check_geometry(crop_size, tuple(scale), tuple(ratio_range), cat_max_ratio, train_subset)
         self.root = Path(root) if root is not None else None
         self.builtin = builtin
         self.synthetic = synthetic

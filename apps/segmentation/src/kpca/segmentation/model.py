@@ -73,6 +73,11 @@ class MaskTransformerHead(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
+        if depth < 1 or dim < 1 or (num_heads is not None and num_heads < 1):
+            raise OptionError(f"decoder depth, width and heads must be 1 or more, got {depth}, {dim}, {num_heads}")
+        for name, rate in (("decoder_drop_path_rate", drop_path_rate), ("decoder_dropout", dropout)):
+            if not 0.0 <= rate < 1.0:
+                raise OptionError(f"{name}={rate} must be in [0, 1) (0 disables)")
         num_heads = num_heads or max(1, dim // 64)
         if dim % num_heads:
             raise OptionError(f"decoder width {dim} is not divisible by num_heads={num_heads}; pick a divisor")

@@ -105,6 +105,8 @@ class VisionCLI(ProjectCLI):
         img_size, patch_size, image_size = net.get("img_size"), net.get("patch_size"), config.data.get("image_size")
         if not all(isinstance(value, int) for value in (img_size, patch_size, image_size)):
             return
+        if patch_size < 1:
+            raise OptionError(f"model.net.init_args.patch_size={patch_size} must be 1 or more (DeiT: 16)")
         if image_size != img_size:
             raise OptionError(
                 f"data.image_size={image_size} differs from model.net.init_args.img_size={img_size}: the ViT takes "

@@ -118,6 +118,34 @@ def create_vit(
     return _build_vit(name, attention, pretrained, **{**ARCHS[arch], "patch_size": PATCH_SIZE, **kwargs})
 
 
+def check_vit_sizes(vit_kwargs: Mapping[str, object]) -> None:
+    """Refuse ViT sizes that timm would take and fail on later (a division by zero, an assertion, a silent crop).
+
+    Checks the ``img_size``, ``patch_size``, ``embed_dim``, ``depth``, ``num_heads`` and ``drop_path_rate`` given
+    (None: the architecture's own).
+
+    Raises:
+        AttentionOptionError: naming the value, its range and a value that fits.
+    """
+    sizes = {name: vit_kwargs.get(name) for name in ("img_size", "patch_size", "embed_dim", "depth", "num_heads")}
+    for name, size in sizes.items():
+        if size is not None and size < 1:
+            raise AttentionOptionError(f"{name}={size} must be 1 or more")
+    img_size, patch_size = sizes["img_size"], sizes["patch_size"]
+    if img_size is not None and patch_size is not None and img_size % patch_size:
+        fits = max(patch_size, img_size // patch_size * patch_size)
+        raise AttentionOptionError(
+            f"img_size={img_size} is not a multiple of patch_size={patch_size}: the patch grid would leave the last "
+            f"{img_size % patch_size} pixel rows and columns out; use a multiple, e.g. img_size={fits}"
+        )
+    width, heads = sizes["embed_dim"], sizes["num_heads"]
+    if width is not None and heads is not None and width % heads:
+        raise AttentionOptionError(f"embed_dim={width} is not divisible by num_heads={heads}; pick a divisor")
+    rate = vit_kwargs.get("drop_path_rate")
+    if rate is not None and not 0.0 <= rate < 1.0:
+        raise AttentionOptionError(f"drop_path_rate={rate} must be in [0, 1) (DeiT: 0.1; 0 disables)")
+
+
 class PixelViT(nn.Module):
     """A :func:`create_vit` ViT on pixel-space images in [0, 1]: the encoder set-up both image apps' models share.
 
@@ -144,6 +172,7 @@ class PixelViT(nn.Module):
         **vit_kwargs,
     ) -> None:
         super().__init__()
+        check_vit_sizes(vit_kwargs)
         self.vit = create_vit(arch, attention, **vit_kwargs)
         self.attention = attention
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)  # (1, C, 1, 1)

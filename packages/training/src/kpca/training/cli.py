@@ -67,7 +67,7 @@ from kpca.training.files import write_atomic
 from kpca.training.help_text import PlainHelpFormatter
 from kpca.training.machine_checks import check_cache_folder, check_machine
 from kpca.training.moved_options import Move, MovedConfigs, move_options
-from kpca.training.option_checks import check_optimizer, refused_trainer_options
+from kpca.training.option_checks import check_optimizer, check_seed, check_trainer_options, refused_trainer_options
 from kpca.training.parser import ProjectArgumentParser
 from kpca.training.run_lock import RunLock
 from kpca.training.trainer import CHECK_DATA, ProjectTrainer
@@ -240,6 +240,7 @@ class ProjectCLI(LightningCLI):
         if subcommand is None:
             return
         config = self.config[subcommand]
+        check_seed(config.get("seed_everything"))  # LightningCLI seeds before before_instantiate_classes
         given = sys.argv[1:] if args is None else args
         self.dropped_settings = settle_attention_groups(config, given, subcommand, self._trained)
         if rank_zero_only.rank == 0:
@@ -345,6 +346,7 @@ class ProjectCLI(LightningCLI):
             if self.subcommand != "fit" and ckpt_path is not None and ckpt_path not in LIGHTNING_CKPT_KEYWORDS:
                 check_checkpoint(ckpt_path, self.subcommand)  # missing: a plan's later step may name a future file
             check_machine(config.trainer)
+            check_trainer_options(config.trainer)
             check_optimizer(config.model.get("optimizer"))
             self.check_options(config)
 
@@ -352,10 +354,10 @@ class ProjectCLI(LightningCLI):
         """Refuse options of the app that must agree and do not (nothing here); ``config`` is the subcommand's."""
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
-        """Lightning's Trainer, its refusal of an argument (``MisconfigurationException``) as one error line."""
+        """Lightning's Trainer, its refusal of an argument as one error line (:func:`refused_trainer_options`)."""
         try:
             return super().instantiate_trainer(**kwargs)
-        except MisconfigurationException as error:
+        except (MisconfigurationException, ValueError) as error:
             raise refused_trainer_options(error) from error
 
     def instantiate_classes(self) -> None:
