@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from jsonargparse import ArgumentParser
 
 from kpca.attention.errors import AttentionOptionError
 from kpca.training.data_checks.problems import DataError
@@ -236,3 +237,23 @@ def test_a_training_split_of_one_class_is_one_line_with_status_3(tmp_path: Path)
     assert done.stderr.splitlines()[-1].startswith(
         f"error: {data / 'train'} has 1 class folder(s) (only); a classifier needs at least two."
     )
+
+
+class _Refusing:
+    def __init__(self, size: int = 1) -> None:
+        if size < 1:
+            raise OptionError(f"size={size} must be 1 or more")
+
+
+def test_a_user_error_raised_in_a_class_jsonargparse_builds_is_that_user_error():
+    """jsonargparse wraps what a class it instantiates raises in a ValueError; the user error inside is the line."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--part", type=_Refusing | None)
+    config = parser.parse_args([f"--part={__name__}._Refusing", "--part.size=0"])
+    with pytest.raises(ValueError) as wrapped:
+        parser.instantiate_classes(config)
+    assert error_line(wrapped.value) == ("size=0 must be 1 or more", OptionError.exit_status)
+    try:
+        raise ValueError("a bug in our own code") from OptionError("size=0 must be 1 or more")
+    except ValueError as ours:
+        assert error_line(ours) is None  # raised by the project, not jsonargparse: a bug keeps its traceback

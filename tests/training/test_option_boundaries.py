@@ -15,9 +15,11 @@ import pytest
 
 from kpca.language_model.cli import main as lm_main
 from kpca.training.errors import run_command
+from kpca.vision_cls.cli import main as vision_main
 from tests.cli_support import CONFIGS, CPU
 
 LM = ("language-model", lm_main, CONFIGS / "language_model" / "smoke.yaml")
+VISION = ("vision-cls", vision_main, CONFIGS / "vision_cls" / "smoke.yaml")
 
 
 def one_error_line(capsys: pytest.CaptureFixture, app: tuple, tmp_path: Path, option: str) -> str:
@@ -79,3 +81,20 @@ def test_segmentation_options(capsys: pytest.CaptureFixture, tmp_path: Path, opt
 
     app = ("segmentation", segmentation_main, CONFIGS / "segmentation" / "smoke.yaml")
     assert named in one_error_line(capsys, app, tmp_path, option)
+
+
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [
+        ("--model.warmup_epochs=-1", "model.warmup_epochs=-1.0 is out of range: it must be >= 0"),
+        ("--model.mixup_alpha=-1", "model.mixup_alpha=-1.0 is out of range"),
+        ("--model.label_smoothing=2", "model.label_smoothing=2.0 is out of range: it must be in [0, 1)"),
+        ("--model.ema_decay=2", "model.ema_decay=2.0 is out of range"),
+        ("--model.evaluator.attack_batches=0", "attack_batches must be >= 1"),  # raised inside jsonargparse's build
+        ("--model.net.init_args.patch_size=0", "model.net.init_args.patch_size=0 must be 1 or more"),
+        ("--data.train.color_jitter=-1", "data.train.color_jitter=-1.0 must be 0 (none) or more"),
+        ("--data.train.auto_augment=foo", "data.train.auto_augment='foo' is no timm policy (Unknown AA policy foo)"),
+    ],
+)
+def test_vision_options(capsys: pytest.CaptureFixture, tmp_path: Path, option: str, named: str):
+    assert named in one_error_line(capsys, VISION, tmp_path, option)

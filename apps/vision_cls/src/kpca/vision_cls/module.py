@@ -51,6 +51,29 @@ def check_mixup_batch(global_batch: int, world_size: int, mixup_alpha: float, cu
     )
 
 
+_RANGES = {
+    "lr_batch_reference": (lambda value: value >= 0, "an integer >= 1, or 0 for no scaling (DeiT: 512)"),
+    "warmup_epochs": (lambda value: value >= 0, ">= 0 (DeiT: 5)"),
+    "warmup_lr": (lambda value: value >= 0, ">= 0 (DeiT: 1e-6)"),
+    "min_lr": (lambda value: value >= 0, ">= 0 (DeiT: 1e-5)"),
+    "label_smoothing": (lambda value: 0 <= value < 1, "in [0, 1) (DeiT: 0.1)"),
+    "mixup_alpha": (lambda value: value >= 0, ">= 0, 0 disables (DeiT: 0.8)"),
+    "cutmix_alpha": (lambda value: value >= 0, ">= 0, 0 disables (DeiT: 1.0)"),
+    "mixup_prob": (lambda value: 0 <= value <= 1, "a probability in [0, 1] (DeiT: 1.0)"),
+    "mixup_switch_prob": (lambda value: 0 <= value <= 1, "a probability in [0, 1] (DeiT: 0.5)"),
+    "ema_decay": (lambda value: value is None or 0 <= value < 1, "in [0, 1), or null for no EMA (DeiT: 0.99996)"),
+}
+"""The model options' ranges, each with the words its refusal uses."""
+
+
+def _check_schedule_and_regularisers(**options: float | None) -> None:
+    """Refuse a schedule or regulariser option out of its range (:data:`_RANGES`), naming ``model.<name>``."""
+    for name, value in options.items():
+        accepts, accepted = _RANGES[name]
+        if not accepts(value):
+            raise OptionError(f"model.{name}={value} is out of range: it must be {accepted}")
+
+
 class ClassificationModule(NetModule):
     """DeiT recipe: AdamW with no-decay groups, lr scaled by global batch, per-step warm-up + cosine.
 
@@ -93,6 +116,18 @@ class ClassificationModule(NetModule):
         compile: bool | CompileOptions = False,
     ) -> None:
         super().__init__(net, optimizer, compile)
+        _check_schedule_and_regularisers(
+            lr_batch_reference=lr_batch_reference,
+            warmup_epochs=warmup_epochs,
+            warmup_lr=warmup_lr,
+            min_lr=min_lr,
+            label_smoothing=label_smoothing,
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
+            mixup_prob=mixup_prob,
+            mixup_switch_prob=mixup_switch_prob,
+            ema_decay=ema_decay,
+        )
         num_classes = net.num_classes
         self.mixup = (
             Mixup(

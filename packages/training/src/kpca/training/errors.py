@@ -102,7 +102,17 @@ def error_line(error: BaseException) -> tuple[str, int] | None:
         return user_message(error), OptionError.exit_status
     if isinstance(error, OSError) and error.errno in DISK_ERRNOS:
         return disk_message(error), MachineError.exit_status
+    if error.__cause__ is not None and _raised_by_jsonargparse(error):  # a class it built refused its options
+        return error_line(error.__cause__)
     return None
+
+
+def _raised_by_jsonargparse(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside jsonargparse (which wraps what a class it instantiates raises)."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and f"{os.sep}jsonargparse{os.sep}" in frame.tb_frame.f_code.co_filename
 
 
 def run_command(main: Callable[[], Any]) -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
 
 from kpca.training.choices import check_choice, keyed_by_choices
 from kpca.training.data_checks.bad_files import BadFilesMode, check_bad_files_options
@@ -164,6 +165,10 @@ class TrainData:
             raise OptionError(
                 f"data.train.repeated_aug={self.repeated_aug} must be at least 1; 1 disables repeated augmentation."
             )
+        if self.color_jitter < 0:
+            raise OptionError(f"data.train.color_jitter={self.color_jitter} must be 0 (none) or more (DeiT: 0.3)")
+        if self.auto_augment is not None:
+            check_timm_policy(self.auto_augment)
         check_bad_files_options(self.bad_files, self.max_bad_fraction, TRAIN_GROUP)
         check_input_options(
             self.input,
@@ -177,6 +182,31 @@ class TrainData:
     def on_device(self) -> OnDevice:
         """What ``augment_on`` moves to the device (:data:`AUGMENT_ON`)."""
         return AUGMENT_ON[self.augment_on]
+
+
+def check_timm_policy(policy: str) -> None:
+    """Refuse an ``auto_augment`` string that timm's transforms cannot build (they assert on the first image).
+
+    Built as timm's ``transforms_imagenet_train`` does: ``rand-...`` RandAugment, ``augmix-...`` AugMix, otherwise
+    an AutoAugment policy by name.
+
+    Raises:
+        OptionError: naming ``data.train.auto_augment``, timm's reason and the accepted forms.
+    """
+    params = {"translate_const": 100, "img_mean": (124, 116, 104)}
+    if policy.startswith("rand"):
+        build = rand_augment_transform
+    elif policy.startswith("augmix"):
+        build = augment_and_mix_transform
+    else:
+        build = auto_augment_transform
+    try:
+        build(policy, params)
+    except (AssertionError, ValueError, KeyError, IndexError) as error:
+        raise OptionError(
+            f"data.train.auto_augment={policy!r} is no timm policy ({error or type(error).__name__}); use "
+            "'rand-m9-mstd0.5-inc1' (DeiT), another 'rand-...', 'augmix-...', 'original', 'v0', or null for none"
+        ) from error
 
 
 def check_input_source(input: InputPath, builtin: str | None) -> None:
