@@ -4,6 +4,7 @@ from pathlib import Path
 
 import yaml
 
+from kpca.training.checkpointing.resume import comparable, saved_config_is
 from kpca.training.moved_options import Move, MovedConfigs, move_options
 
 MOVED = {"re_prob": "train.re_prob", "hflip": "train.hflip"}
@@ -47,3 +48,13 @@ def test_only_config_files_with_old_keys_are_replaced_by_moved_copies(tmp_path: 
         f"config {old}: data option re_prob is now data.train.re_prob (read as such)"
     ] * 2
     assert MovedConfigs().rewrite(["fit", "-c", str(new)], MOVED) == (["fit", "-c", str(new)], [])
+
+
+def test_a_run_saved_before_the_move_is_the_same_experiment_for_auto_resume(tmp_path: Path):
+    """``fit --ckpt_path auto`` finds a run folder whose config.yaml spells a moved option flat."""
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump({"seed_everything": 0, "data": {"batch_size": 8, "re_prob": 0.0}}))
+    current = comparable({"seed_everything": 0, "data": {"batch_size": 8, "train": {"re_prob": 0.0}}})
+    assert saved_config_is(saved, current, {"re_prob": "train.re_prob"})
+    assert not saved_config_is(saved, current)  # without the table it is another experiment
+    assert not saved_config_is(saved, comparable({"seed_everything": 0, "data": {"train": {"re_prob": 0.25}}}))

@@ -448,7 +448,8 @@ class ProjectCLI(LightningCLI):
 
         Which checkpoint is :func:`kpca.training.checkpointing.resume.resolve_auto_resume`'s rule.
         """
-        found = resolve_auto_resume(config, yaml.safe_load(self._parser("fit").dump(config, skip_none=False)))
+        dumped = yaml.safe_load(self._parser("fit").dump(config, skip_none=False))
+        found = resolve_auto_resume(config, dumped, getattr(self.datamodule_class, "moved_options", {}))
         self._experiment_lock = found.lock
         resume = found.resume
         if rank_zero_only.rank == 0:  # every process resolves the same files; one tells, once it holds the locks

@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from kpca.training.attention_options import comparable_attention
 from kpca.training.errors import OptionError
+from kpca.training.moved_options import move_options
 from kpca.training.run_config import without_keys
 
 logger = logging.getLogger(__name__)
@@ -176,23 +177,32 @@ def comparable(config: dict) -> dict:
     return comparable_attention(without_keys(config, RESUME_IGNORED_KEYS))
 
 
-def saved_config_is(path: Path, current: dict) -> bool:
-    """Whether the ``config.yaml`` a run saved at ``path`` is ``current`` (a :func:`comparable` config)."""
+def saved_config_is(path: Path, current: dict, moved: Mapping[str, str] | None = None) -> bool:
+    """Whether the ``config.yaml`` a run saved at ``path`` is ``current`` (a :func:`comparable` config).
+
+    Data options saved under a spelling that has since moved (``moved``, the datamodule's ``moved_options``) are
+    compared at their new place, so a run saved before the move resumes.
+    """
     if not path.is_file():
         return False
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError:
         return False
-    return isinstance(saved, dict) and comparable(saved) == current
+    if not isinstance(saved, dict):
+        return False
+    if moved and isinstance(saved.get("data"), Mapping):
+        saved = {**saved, "data": move_options(saved["data"], moved, str(path))[0]}
+    return comparable(saved) == current
 
 
-def resolve_auto_resume(config, dumped: dict) -> AutoResume:
+def resolve_auto_resume(config, dumped: dict, moved: Mapping[str, str] | None = None) -> AutoResume:
     """Which checkpoint ``fit --ckpt_path auto`` continues: the newest readable one of this same experiment.
 
     Args:
         config: the parsed ``fit`` config (its ``trainer``, ``checkpoint`` and ``ckpt_path``).
         dumped: the same config as the plain dict LightningCLI saves as ``config.yaml``.
+        moved: the datamodule's moved data options (``{old: new}``), for run folders saved before a move.
 
     Raises:
         OptionError: without a TensorBoard or CSV logger, with ``checkpoint.dirpath`` set, or, under SLURM, when
@@ -216,7 +226,7 @@ def resolve_auto_resume(config, dumped: dict) -> AutoResume:
     resume = find_resume(
         experiment_dir,
         hpc_dir,
-        lambda folder: saved_config_is(folder / "config.yaml", current),
+        lambda folder: saved_config_is(folder / "config.yaml", current, moved),
         versions=version_glob(init.version),
     )
     if resume.checkpoint is None and SLURMEnvironment.detect() and any(hpc_dir.glob("hpc_ckpt_*.ckpt")):
