@@ -3,6 +3,7 @@
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from unittest import mock
 import pytest
 import torch
 import yaml
+from filelock import FileLock
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -56,6 +58,29 @@ def refusal(capsys: pytest.CaptureFixture, main: Callable, prog: str, *args: obj
     error = capsys.readouterr().err
     assert exit_info.value.code != 0, error
     return error
+
+
+def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder that ``build(folder)`` fills once per test run, for every xdist worker: read it, never write into it.
+
+    For what several tests only read (a short fit's run folder): the first worker to ask builds it, under a file
+    lock, and the others wait for it and reuse it; a test that changes it works on a copy (``shutil.copytree``). It
+    lies in the run's temporary folder beside the workers' own (pytest removes those as a worker ends, when all of
+    its tests passed; the run's, when the run ends), so a worker that finishes first takes nothing away. ``build``
+    writes where the folder stays, so the paths a run records in it (its config's cache_dir) stay true; a build
+    that failed leaves no mark and the next one starts again from an empty folder.
+    """
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, holding each worker's basetemp (popen-gw0, ...)
+    folder, built = base / f"shared-{name}", base / f"shared-{name}.built"
+    with FileLock(base / f"shared-{name}.lock"):
+        if not built.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            built.touch()
+    return folder
 
 
 def smoke_options(smoke: Path, root: Path, cache: Path, *extra: object) -> list[object]:

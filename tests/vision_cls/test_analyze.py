@@ -1,6 +1,7 @@
 """``vision-cls analyze``: the kernel-PCA report of a checkpoint, and the monitor during fit, through the CLI."""
 
 import csv
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,15 +21,17 @@ def run(*args: object) -> VisionCLI:
 
 
 @EMA_IN_EVAL_MODE
-def test_analyze_writes_the_report_of_the_checkpoint_weights(tmp_path: Path, digits_cache_dir: Path):
+def test_analyze_writes_the_report_of_the_checkpoint_weights(
+    monitored_run: Path, tmp_path: Path, digits_cache_dir: Path
+):
     options = smoke_options(
         SMOKE, tmp_path, digits_cache_dir, "--trainer.limit_train_batches=3", "--trainer.log_every_n_steps=1"
     )
-    fit = run("fit", *options, "--trainer.limit_val_batches=1", "--kernel_pca.every_n_epochs=1")
-    events = EventAccumulator(fit.trainer.log_dir)
+    events = EventAccumulator(str(monitored_run))  # the fit's, with --kernel_pca.every_n_epochs=1
     events.Reload()
     assert {"kpca/vit.blocks.0/projection_loss", "kpca/vit.blocks.1/value_alignment"} <= set(events.Tags()["scalars"])
-    last = Path(fit.trainer.checkpoint_callback.last_model_path)
+    run_folder = shutil.copytree(monitored_run, tmp_path / "run")  # analyze writes into the checkpoint's run folder
+    last = run_folder / "checkpoints" / "last.ckpt"
 
     cli = run("analyze", *options, "--ckpt_path", last, "--samples", "5")
     checkpoint = torch.load(last, weights_only=True)

@@ -7,12 +7,14 @@ checkpoint was trained with); an option the weights cannot take is refused befor
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.cli_support import CONFIGS, run_to_the_end, smoke_options
+from kpca.vision_cls.cli import main
+from tests.cli_support import CONFIGS, run_cli, run_to_the_end, smoke_options
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # an RPC-SymViT trained with n_iter 2, embed_dim 32
 N_ITER = "model.net.init_args.attention.n_iter"
@@ -25,11 +27,9 @@ def command(subcommand: str, root: Path, cache: Path, *extra: object) -> list[st
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, digits_cache_dir: Path) -> Path:
-    """The last checkpoint of a one-step smoke fit (trained with n_iter 2)."""
-    root = tmp_path_factory.mktemp("trained")
-    run_to_the_end(command("fit", root, digits_cache_dir, "--trainer.max_steps=1"), root)
-    return root / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+def trained(one_step_run: Path) -> Path:
+    """The last checkpoint of a one-step smoke fit (trained with n_iter 2), shared: only read."""
+    return one_step_run / "checkpoints" / "last.ckpt"
 
 
 def test_a_model_option_typed_at_test_runs_and_the_run_says_what_it_was_trained_with(
@@ -90,8 +90,10 @@ LAMBD = "model.net.init_args.attention.lambd"
 def neutreno(tmp_path_factory: pytest.TempPathFactory, digits_cache_dir: Path) -> Path:
     """The last checkpoint of a one-step NeuTRENO fit (lambd 0.4), switched from the RPC smoke config by its kind."""
     root = tmp_path_factory.mktemp("neutreno")
-    options = ("--trainer.max_steps=1", f"--{KIND}=neutreno", f"--{LAMBD}=0.4")
-    run_to_the_end(command("fit", root, digits_cache_dir, *options), root)
+    options = ("--data.eval.subset=16", "--trainer.max_steps=1", f"--{KIND}=neutreno", f"--{LAMBD}=0.4")
+    with warnings.catch_warnings():  # in process (the tests below run the command); the EMA copy stays in eval mode
+        warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode")
+        run_cli(main, "vision-cls", "fit", *smoke_options(SMOKE, root, digits_cache_dir, *options))
     return root / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
 
 

@@ -119,12 +119,10 @@ def test_the_console_script_names_each_moved_key_of_a_config_file(tmp_path: Path
 
 
 @pytest.fixture(scope="module")
-def flat_checkpoint(tmp_path_factory: pytest.TempPathFactory, digits_cache_dir: Path) -> Path:
+def flat_checkpoint(tmp_path_factory: pytest.TempPathFactory, one_step_run: Path) -> Path:
     """A one-step smoke fit's last checkpoint whose DataModule saved the flat options (re_prob 0, hflip 0)."""
     root = tmp_path_factory.mktemp("flat_checkpoint")
-    options = smoke_options(SMOKE, root, digits_cache_dir, "--trainer.max_steps=1", "--trainer.limit_val_batches=1")
-    run_to_the_end([sys.executable, "-m", "kpca.vision_cls", "fit", *map(str, options)], root)
-    run = root / "runs" / "lightning_logs" / "version_0"
+    run = one_step_run  # shared: only read
     data = flat_config(yaml.safe_load((run / "config.yaml").read_text()))["data"]
     data.update(re_prob=0.0, hflip=0.0, eval={"subset": 16})
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
