@@ -5,8 +5,6 @@ Legend: C channels (3), H0 x W0 original image, K classes.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import lightning.pytorch as pl
 import numpy as np
 import torch
@@ -91,8 +89,8 @@ class LabelMapWriter(TablePredictionWriter):
     ``label_map`` (the PNG's path in the run folder), ``height`` and ``width``.
     """
 
-    def rows(self, trainer, pl_module, predictions, indices) -> list[dict]:
-        folder = Path(trainer.log_dir or trainer.default_root_dir) / "predictions"  # a collective: every rank asks
+    def rows(self, trainer, predictions, indices, run_folder) -> list[dict]:
+        folder = run_folder / "predictions"
         folder.mkdir(parents=True, exist_ok=True)
         maps = [pair for batch in predictions for pair in zip(batch["names"], batch["preds"], strict=True)]
         rows = []

@@ -95,7 +95,7 @@ class ClassPredictionWriter(TablePredictionWriter):
     class), ``probability`` (its softmax probability) and ``top5`` (the five likeliest classes, likeliest first).
     """
 
-    def rows(self, trainer, pl_module, predictions, indices) -> list[dict]:
+    def rows(self, trainer, predictions, indices, run_folder) -> list[dict]:
         data = require_datamodule(trainer, ImageNetDataModule)
         classes = data.classes
         probabilities = torch.cat([batch.float().cpu() for batch in predictions]) if predictions else torch.empty(0, 0)

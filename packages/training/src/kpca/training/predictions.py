@@ -35,22 +35,24 @@ class TablePredictionWriter(BasePredictionWriter, abc.ABC):
 
     @abc.abstractmethod
     def rows(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, predictions: Sequence[Any], indices: Sequence[int]
+        self, trainer: pl.Trainer, predictions: Sequence[Any], indices: Sequence[int], run_folder: Path
     ) -> list[dict[str, Any]]:
         """This process's rows: one per predicted item, each with its ``index`` in the predicted set.
 
         Args:
             predictions: ``predict_step``'s outputs of this process, batch by batch.
             indices: the predicted set's index of each item of those batches, in the same order.
+            run_folder: the run folder the table goes to (for files a row names, relative to it).
         """
 
     def write_on_epoch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, predictions: Sequence[Any], batch_indices: Any
     ) -> None:
         """Gather every process's rows and write them once, in index order (rank 0), then say where."""
-        path = Path(trainer.log_dir or trainer.default_root_dir) / PREDICTIONS_TABLE  # a collective: every rank asks
+        run_folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective: every rank asks
+        path = run_folder / PREDICTIONS_TABLE
         indices = [int(index) for batch in _one_loader(batch_indices) for index in batch]
-        rows = self.rows(trainer, pl_module, _one_loader(predictions), indices)
+        rows = self.rows(trainer, _one_loader(predictions), indices, run_folder)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered: list[list[dict[str, Any]] | None] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, rows)
