@@ -1,6 +1,8 @@
-"""Test-wide settings: offline hubs, Triton's CPU interpreter, fixed seeds, xdist order and groups, gpu skips."""
+"""Test-wide settings: offline hubs, Triton's CPU interpreter, fixed seeds, xdist order and groups, gpu skips; the
+built-in digits tree, once per session."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -21,6 +23,16 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def digits_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``data.cache_dir`` holding the 32 px digits tree, written once per worker (about 2 s) and shared: read it."""
+    from kpca.vision_cls.builtin_data import write_digits_imagefolder
+
+    cache = tmp_path_factory.mktemp("digits_cache")
+    write_digits_imagefolder(cache / "digits-32px", image_size=32)
+    return cache
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -21,7 +21,6 @@ import pytest
 import torch
 import yaml
 
-from kpca.vision_cls.builtin_data import write_digits_imagefolder
 from tests.cli_support import CONFIGS, free_port, smoke_options
 
 pytestmark = [
@@ -43,10 +42,9 @@ LAUNCH_VARIABLES += ("GROUP_RANK", "NNODES", "NPROC_PER_NODE", "RDZV_ID", "MAX_R
 
 
 @pytest.fixture(scope="module")
-def digits_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("digits_cache")
-    write_digits_imagefolder(cache / "digits-32px", image_size=32)
-    return cache
+def digits_cache(digits_cache_dir: Path) -> Path:
+    """The session's digits tree (tests/conftest.py): read only."""
+    return digits_cache_dir
 
 
 def clean_env(**variables: str) -> dict[str, str]:

@@ -20,7 +20,6 @@ import yaml
 from kpca.training.experiment.plan import load_plan
 from kpca.training.experiment.status import step_states
 from kpca.training.experiment.steps import log_path, marker
-from kpca.vision_cls.builtin_data import write_digits_imagefolder
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,10 +39,9 @@ TINY_TEST = [
 
 
 @pytest.fixture(scope="module")
-def digits_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("digits_cache")
-    write_digits_imagefolder(cache / "digits-32px", image_size=32)
-    return cache
+def digits_cache(digits_cache_dir: Path) -> Path:
+    """The session's digits tree (tests/conftest.py): read only."""
+    return digits_cache_dir
 
 
 def write_plan(folder: Path, runs: list[dict], seeds: list[int]) -> Path:

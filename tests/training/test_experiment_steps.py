@@ -27,7 +27,6 @@ from kpca.training.experiment.steps import (
     marker,
 )
 from kpca.training.files import temporary_files
-from kpca.vision_cls.builtin_data import write_digits_imagefolder
 from kpca.vision_cls.cli import main
 from tests.cli_support import CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
 
@@ -37,10 +36,9 @@ EXPERIMENT = [sys.executable, "-m", "kpca.training.experiment"]
 
 
 @pytest.fixture(scope="module")
-def digits_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("digits_cache")
-    write_digits_imagefolder(cache / "digits-32px", image_size=32)
-    return cache
+def digits_cache(digits_cache_dir: Path) -> Path:
+    """The session's digits tree (tests/conftest.py): read only."""
+    return digits_cache_dir
 
 
 def tiny_plan(folder: Path, cache: Path, *fit_overrides: str) -> Path:

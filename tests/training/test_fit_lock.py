@@ -15,7 +15,6 @@ import pytest
 
 from kpca.training.files import TEMPORARY_SUFFIX, temporary_prefix
 from kpca.training.run_lock import LockOwner, RunFolderLockedError, RunLock
-from kpca.vision_cls.builtin_data import write_digits_imagefolder
 from kpca.vision_cls.cli import main
 from tests.cli_support import CONFIGS, fit_command, run_cli, smoke_options
 
@@ -54,10 +53,9 @@ def run_vision(*args: object):
 
 
 @pytest.fixture(scope="module")
-def digits_cache(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("digits_cache")
-    write_digits_imagefolder(cache / "digits-32px", image_size=32)
-    return cache
+def digits_cache(digits_cache_dir: Path) -> Path:
+    """The session's digits tree (tests/conftest.py): read only."""
+    return digits_cache_dir
 
 
 def test_a_fit_into_a_locked_run_folder_refuses_before_writing_anything(tmp_path: Path, digits_cache: Path):
