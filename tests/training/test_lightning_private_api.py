@@ -132,32 +132,12 @@ PRIVATE_JSONARGPARSE_NAMES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PRIVATE_JSONARGPARSE_NAMES))
-def test_private_jsonargparse_name_is_still_there(name):
-    where, check = PRIVATE_JSONARGPARSE_NAMES[name]
-    try:
-        check()
-    except (AttributeError, AssertionError, TypeError, KeyError) as error:
-        pytest.fail(
-            f"jsonargparse {jsonargparse.__version__} changed the private {name} ({type(error).__name__}: {error}); "
-            f"{where} depends on it: adapt that code to the new jsonargparse, or pin jsonargparse in "
-            "requirements/constraints.txt and the packages' pyproject.toml"
-        )
-
-
 JSONARGPARSE_USED_AS = {
     "ActionTypeHint._typehint": '"_typehint"',
     "ArgumentParser._subcommands_action, parent_parser, subcommand": "_name_parser_map",
     "ArgumentParser.args": "root.args",
     "error(message, ex) and ex.subcommand_parser": '"subcommand_parser"',
 }
-
-
-@pytest.mark.parametrize("name", sorted(PRIVATE_JSONARGPARSE_NAMES))
-def test_the_named_kpca_file_still_uses_the_jsonargparse_name(name):
-    """The jsonargparse canary list stays true: drop an entry when kpca stops using the name."""
-    path = SOURCE / PRIVATE_JSONARGPARSE_NAMES[name][0].split(" ")[0]
-    assert JSONARGPARSE_USED_AS[name] in path.read_text(encoding="utf-8"), f"{path} no longer uses {name}"
 
 
 PRIVATE_NAMES = {
@@ -205,16 +185,31 @@ PRIVATE_NAMES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PRIVATE_NAMES))
-def test_private_lightning_name_is_still_there(name):
-    where, check = PRIVATE_NAMES[name]
+PRIVATE = {
+    **{name: ("Lightning", *entry) for name, entry in PRIVATE_NAMES.items()},
+    **{name: ("jsonargparse", *entry) for name, entry in PRIVATE_JSONARGPARSE_NAMES.items()},
+}
+"""Every canary: (library, where kpca uses the name, check)."""
+
+PINS = {
+    "Lightning": (lightning.__version__, "pin lightning in requirements/constraints.txt"),
+    "jsonargparse": (
+        jsonargparse.__version__,
+        "pin jsonargparse in requirements/constraints.txt and the packages' pyproject.toml",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE))
+def test_private_name_is_still_there(name):
+    library, where, check = PRIVATE[name]
+    version, pin = PINS[library]
     try:
         check()
-    except (AttributeError, AssertionError, TypeError) as error:
+    except (AttributeError, AssertionError, TypeError, KeyError) as error:
         pytest.fail(
-            f"Lightning {lightning.__version__} changed the private {name} ({type(error).__name__}: {error}); "
-            f"{where} depends on it: adapt that code to the new Lightning, or pin lightning in "
-            "requirements/constraints.txt"
+            f"{library} {version} changed the private {name} ({type(error).__name__}: {error}); {where} depends on "
+            f"it: adapt that code to the new {library}, or {pin}"
         )
 
 
@@ -234,8 +229,9 @@ USED_AS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PRIVATE_NAMES))
+@pytest.mark.parametrize("name", sorted(PRIVATE))
 def test_the_named_kpca_file_still_uses_it(name):
     """The canary list stays true: drop an entry when kpca stops using the name."""
-    path = SOURCE / PRIVATE_NAMES[name][0].split(" ")[0]
-    assert USED_AS[name] in path.read_text(encoding="utf-8"), f"{path} no longer uses {name}; remove it from the list"
+    path = SOURCE / PRIVATE[name][1].split(" ")[0]
+    used_as = {**USED_AS, **JSONARGPARSE_USED_AS}[name]
+    assert used_as in path.read_text(encoding="utf-8"), f"{path} no longer uses {name}; remove it from the list"
