@@ -3,13 +3,12 @@
 from pathlib import Path
 
 import pytest
-import yaml
-from jsonargparse import ArgumentParser
 
 from kpca.vision_cls.cli import main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.eval_data import EvalData
 from tests.cli_support import CONFIGS, CPU, printed_config
+from tests.vision_cls.data_support import reloaded_datamodule
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 
@@ -44,11 +43,6 @@ def test_the_group_round_trips_through_a_saved_config(capsys: pytest.CaptureFixt
         "subset": 7,
     }
     assert config["data"]["eval"] == expected
-    saved = tmp_path / "config.yaml"
-    saved.write_text(yaml.safe_dump(config))
-    assert printed_config(capsys, main, "vision-cls", "-c", saved) == config
-    parser = ArgumentParser()
-    parser.add_class_arguments(ImageNetDataModule, "data")
-    datamodule = parser.instantiate(parser.parse_object({"data": config["data"]})).data
+    datamodule = reloaded_datamodule(capsys, config, tmp_path)
     assert datamodule.eval == EvalData(**{**expected, "corruptions": ("fog",), "severities": (1, 2)})
     assert [s.name for s in datamodule.eval_sets] == ["clean", "corrupted/fog/1", "corrupted/fog/2", "imagenet_a"]

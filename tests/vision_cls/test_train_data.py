@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from jsonargparse import ArgumentParser
 
 from kpca.vision_cls.cli import console_main, main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input import TrainData
 from tests.cli_support import CONFIGS, CPU, printed_config, refusal, run_to_the_end, smoke_options
+from tests.vision_cls.data_support import reloaded_datamodule
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # data.train: auto_augment DeiT's, re_prob 0.25, repeated_aug 2
 FLAT = ("input", "augment_on", "scale", "hflip", "auto_augment", "color_jitter", "re_prob", "re_mode", "repeated_aug")
@@ -59,12 +59,7 @@ def test_the_group_parses_from_yaml_and_the_command_line(capsys: pytest.CaptureF
     config = printed_config(capsys, main, "vision-cls", "-c", CPU, "-c", SMOKE, "--data.train.re_prob=0.1")
     train = config["data"]["train"]
     assert (train["re_prob"], train["repeated_aug"], train["auto_augment"]) == (0.1, 2, "rand-m9-mstd0.5-inc1")
-    saved = tmp_path / "config.yaml"
-    saved.write_text(yaml.safe_dump(config))
-    assert printed_config(capsys, main, "vision-cls", "-c", saved) == config
-    parser = ArgumentParser()
-    parser.add_class_arguments(ImageNetDataModule, "data")
-    datamodule = parser.instantiate(parser.parse_object({"data": config["data"]})).data
+    datamodule = reloaded_datamodule(capsys, config, tmp_path)
     assert datamodule.train == TrainData(re_prob=0.1, repeated_aug=2)
     assert datamodule.train_input.train is datamodule.train
 
