@@ -135,3 +135,15 @@ def test_the_language_model_fits_without_importing_vision_code(tmp_path: Path):
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:]
+
+
+def test_the_step_command_starts_without_torch():
+    # kpca-experiment exec runs every step of a Slurm plan and starts the app, which imports torch itself (seconds)
+    script = (
+        "import sys\n"
+        "import kpca.training.experiment.cli, kpca.training.experiment.steps\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] in {'torch', 'lightning'}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout[-2000:]

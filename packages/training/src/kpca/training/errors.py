@@ -27,7 +27,6 @@ import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from kpca.attention.errors import AttentionOptionError
 from kpca.training.cache_folder import CACHE_FIX, inside_default_cache
 
 __all__ = [
@@ -98,13 +97,23 @@ def error_line(error: BaseException) -> tuple[str, int] | None:
     """``(message, exit status)`` for an error the user can fix; None for any other (a bug: keep its traceback)."""
     if isinstance(error, UserError):
         return user_message(error), error.exit_status
-    if isinstance(error, AttentionOptionError):
+    if _is_attention_option_error(error):
         return user_message(error), OptionError.exit_status
     if isinstance(error, OSError) and error.errno in DISK_ERRNOS:
         return disk_message(error), MachineError.exit_status
     if error.__cause__ is not None and _raised_by_jsonargparse(error):  # a class it built refused its options
         return error_line(error.__cause__)
     return None
+
+
+def _is_attention_option_error(error: BaseException) -> bool:
+    """Whether kpca.attention refused an option (:class:`kpca.attention.errors.AttentionOptionError`).
+
+    Looked up among the loaded modules: an error can only be one once kpca.attention is imported, and importing it
+    here would import torch into the commands that need neither (``kpca-experiment exec``, ``status``).
+    """
+    errors = sys.modules.get("kpca.attention.errors")
+    return errors is not None and isinstance(error, errors.AttentionOptionError)
 
 
 def _raised_by_jsonargparse(error: BaseException) -> bool:
