@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from kpca.language_model.cli import LanguageModelCLI, main
 from kpca.language_model.corpus import SPLITS, split_file
 from kpca.language_model.word_tokenizer import count_vocabulary
-from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, assert_rerun_resumes, run_cli, smoke_options
+from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
 
 SMOKE = CONFIGS / "language_model" / "smoke.yaml"
 
@@ -119,15 +119,6 @@ def test_fit_then_test_and_predict_from_the_checkpoint(tmp_path: Path, lm_cache_
         assert {row["set"]: row["ppl_word"] for row in csv.DictReader(stream)} == {
             name: row["ppl_word"] for name, row in rows.items()
         }
-
-
-@pytest.mark.slow
-def test_a_killed_fit_resumes_when_the_same_command_is_rerun(tmp_path: Path, lm_cache_dir: Path):
-    epochs = [
-        "--trainer.max_epochs=4", "--trainer.limit_train_batches=6", "--trainer.limit_val_batches=2",
-        "--trainer.log_every_n_steps=1", "--seed_everything=3",
-    ]  # fmt: skip
-    assert_rerun_resumes("language_model", lambda root: smoke(root, lm_cache_dir, *epochs), tmp_path, total_steps=24)
 
 
 @NEW_CHECKPOINT_DIR

@@ -17,7 +17,7 @@ from kpca.segmentation.cli import SegmentationCLI, main
 from kpca.segmentation.model import Segmenter
 from kpca.segmentation.module import SegmentationModule
 from kpca.training.checkpointing.io import AtomicCheckpointIO
-from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, assert_rerun_resumes, run_cli, smoke_options
+from tests.cli_support import CONFIGS, CPU, NEW_CHECKPOINT_DIR, run_cli, smoke_options
 
 pytestmark = pytest.mark.mmseg
 
@@ -133,15 +133,6 @@ def test_predict_subcommand_gives_label_maps_at_the_original_size(short_fit: Seg
         assert row["label_map"] == f"predictions/{row['name']}.png" and (row["height"], row["width"]) == ("48", "48")
         written = np.asarray(Image.open(out / row["label_map"]))
         assert written.dtype == np.uint8 and np.array_equal(written, map_.numpy())  # the class indices, lossless
-
-
-@pytest.mark.slow
-def test_a_killed_fit_resumes_when_the_same_command_is_rerun(tmp_path: Path, seg_cache_dir: Path):
-    epochs = [
-        "--trainer.max_epochs=4", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
-        "--trainer.log_every_n_steps=1",
-    ]  # fmt: skip
-    assert_rerun_resumes("segmentation", lambda root: smoke(root, seg_cache_dir, *epochs), tmp_path, total_steps=8)
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ checkpoint; the same command once more runs to the end. Vision trains with RandA
 CutMix, drop path and repeated augmentation; the language model with dropout; segmentation with random resize,
 crop and flip. A resumed epoch that loaded its batches from the epoch's start again (a loader without state)
 trains on other batches and fails the weight comparison; so does a resumed worker that draws other augmentations.
+The three jobs log into one run folder, on one TensorBoard step axis. (A kill from outside at a moment the fit does
+not choose is tests/vision_cls/test_cli.py's.)
 """
 
 import os
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.cli_support import CONFIGS, assert_same_weights, fit_command, run_to_the_end, smoke_options
 
@@ -43,7 +46,7 @@ def options(app: str, root: Path, cache: Path, probe: tuple[int, int] | None) ->
     batches, epochs, every, _, _ = CHAINS[app]
     extra = [
         "--data.num_workers=2", f"--trainer.max_epochs={epochs}", f"--trainer.limit_train_batches={batches}",
-        "--trainer.limit_val_batches=1", f"--checkpoint.every_n_train_steps={every}",
+        "--trainer.limit_val_batches=1", f"--checkpoint.every_n_train_steps={every}", "--trainer.log_every_n_steps=1",
     ]  # fmt: skip
     if probe is not None:
         extra += [
@@ -104,3 +107,13 @@ def test_a_preempted_and_killed_fit_ends_with_the_uninterrupted_weights(app: str
     last = "runs/lightning_logs/version_0/checkpoints/last.ckpt"
     assert_same_weights(root / last, straight / last)
     assert torch.load(root / last, map_location="cpu", weights_only=True)["global_step"] == batches * epochs
+    assert_one_step_axis(root / "runs" / "lightning_logs", batches * epochs)
+
+
+def assert_one_step_axis(logs: Path, steps: int) -> None:
+    """The three jobs logged into one run folder, whose TensorBoard training loss has each of the ``steps`` once."""
+    assert sorted(path.name for path in logs.iterdir()) == ["version_0"]
+    events = EventAccumulator(str(logs / "version_0"))
+    events.Reload()
+    logged = [event.step for event in events.Scalars("train/loss_step")]
+    assert logged == sorted(set(logged)) and logged[-1] == steps - 1, logged
