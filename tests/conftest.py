@@ -1,5 +1,5 @@
-"""Test-wide settings: offline hubs, threads per xdist worker, Triton's CPU interpreter, fixed seeds, xdist order and
-groups, gpu skips; the built-in digits tree, once per session."""
+"""Test-wide settings: offline hubs, threads per xdist worker, Triton's CPU interpreter, fixed seeds, xdist order, gpu
+skips; the built-in digits tree, once per session."""
 
 import os
 from pathlib import Path
@@ -47,13 +47,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     The `slow` tests come first (in their collected order), so that with several workers (``make test``: ``-n 2
     --dist loadgroup``) the longest start early and the short ones fill in at the end instead of one worker finishing
-    a long test alone. The `slurm` tests share one local Slurm, which the worker that runs them starts and stops:
-    they form one xdist group. Without xdist both only set the order. CUDA is probed once, at collection.
+    a long test alone (the `slurm` tests form one xdist group: tests/slurm/test_real_slurm.py). Without xdist this
+    only sets the order. CUDA is probed once, at collection.
     """
     items.sort(key=lambda item: "slow" not in item.keywords)  # stable: collected order within each part
-    for item in items:
-        if "slurm" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
     if not any("gpu" in item.keywords for item in items) or torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu)")

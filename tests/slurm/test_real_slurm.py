@@ -24,7 +24,8 @@ from tests.cli_support import CONFIGS, CPU, fit_command, smoke_options
 from tests.slurm.support import REPO, LocalSlurm
 from tests.test_cluster import clean_env
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# One xdist group: the worker that starts the local Slurm stops it when its session ends (tests/test_xdist_groups.py).
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 LAUNCH_SLURM = REPO / "docker" / "launch_slurm.sh"
