@@ -1,10 +1,25 @@
-"""A mistake the user can fix ends a command with one ``error:`` line and the status of its kind, no traceback."""
+"""A mistake the user can fix ends a command with one ``error:`` line and the status of its kind, no traceback.
 
+Most tests run the console script's own path (``console_main``: :func:`kpca.training.errors.run_command` around
+the app's ``main``) in this process, which spares each one the seconds of importing Lightning and torch. These run
+the command as a process, because their subject is the process: the exit status and the ``error:`` line of a real
+``python -m kpca.vision_cls`` (``test_an_option_check_at_run_time_is_one_line_with_status_2``), the DDP rank
+variables and the status an uncaught exception leaves (``python -c`` around ``run_command``), and the language
+model's offline hub data (huggingface_hub and datasets read ``HF_HOME`` and the offline switches as they are
+imported, so only a new process sees the empty HF cache).
+"""
+
+import logging
 import os
 import re
 import subprocess
 import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -13,12 +28,13 @@ from jsonargparse import ArgumentParser
 from kpca.attention.errors import AttentionOptionError
 from kpca.training.data_checks.problems import DataError
 from kpca.training.errors import TRACEBACK_ENV_VAR, OptionError, UserError, error_line, user_message
+from kpca.vision_cls.cli import console_main
 from tests.cli_support import CONFIGS, CPU
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 
 
-def vision_cls(cwd: Path, *args: object, **env: str) -> subprocess.CompletedProcess:
+def vision_cls_process(cwd: Path, *args: object, **env: str) -> subprocess.CompletedProcess:
     """``python -m kpca.vision_cls`` as typed in a shell in ``cwd``."""
     command = [sys.executable, "-m", "kpca.vision_cls", *map(str, args)]
     environment = {key: value for key, value in os.environ.items() if key != TRACEBACK_ENV_VAR}
@@ -26,27 +42,86 @@ def vision_cls(cwd: Path, *args: object, **env: str) -> subprocess.CompletedProc
     return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
 
 
+@dataclass
+class Done:
+    """How a command ended: its exit status and what it printed (``subprocess.CompletedProcess``'s names)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@contextmanager
+def _logging_of_a_new_process() -> Iterator[None]:
+    """Logging as a new process has it: no handler, so the app's ``console_logging()`` adds its stderr handler.
+
+    Under pytest the root logger holds pytest's capture handlers, and the app then adds none (it takes them for the
+    user's logging): its INFO lines would never reach stderr. Everything is put back afterwards.
+    """
+    root, app = logging.getLogger(), logging.getLogger("kpca")
+    saved = root.handlers[:], app.handlers[:], app.level, app.propagate
+    root.handlers.clear()
+    app.handlers.clear()
+    try:
+        yield
+    finally:
+        root.handlers[:], app.handlers[:] = saved[0], saved[1]
+        app.setLevel(saved[2])  # setLevel, not the attribute: it clears the loggers' cached levels
+        app.propagate = saved[3]
+
+
+def vision_cls(capsys: pytest.CaptureFixture, cwd: Path, *args: object, **env: str) -> Done:
+    """``vision-cls args`` as typed in a shell in ``cwd``, run in this process: the console script's path.
+
+    ``sys.argv``, the environment (without ``KPCA_TRACEBACK``, plus ``env``), the working folder and logging are
+    those of a new process and are restored afterwards. A user error's ``SystemExit`` gives the status; an exception
+    that gets out is printed with its traceback and gives status 1, as the interpreter does.
+    """
+    capsys.readouterr()  # only what this command prints
+    argv = ["vision-cls", *map(str, args)]
+    with (
+        mock.patch.object(sys, "argv", argv),
+        mock.patch.dict(os.environ),
+        pytest.MonkeyPatch.context() as patch,
+        _logging_of_a_new_process(),
+    ):
+        os.environ.pop(TRACEBACK_ENV_VAR, None)
+        os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env)
+        patch.chdir(cwd)
+        try:
+            console_main()
+            status = 0
+        except SystemExit as exit_info:
+            code = exit_info.code  # as the interpreter reads it: None is 0, a message is 1
+            status = 0 if code is None else code if isinstance(code, int) else 1
+        except Exception:
+            traceback.print_exc()
+            status = 1
+    printed = capsys.readouterr()
+    return Done(status, printed.out, printed.err)
+
+
 N_ITER_0 = ("fit", "-c", CPU, "-c", SMOKE, "--model.net.init_args.attention.n_iter=0")
 
 
 def test_an_option_check_at_run_time_is_one_line_with_status_2(tmp_path: Path):
-    done = vision_cls(tmp_path, *N_ITER_0)
+    done = vision_cls_process(tmp_path, *N_ITER_0)  # the real console command, as a process
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1] == ("error: n_iter must be >= 1 (the number of attention evaluations), got 0")
 
 
-def test_a_missing_data_root_is_one_line_with_status_3(tmp_path: Path):
+def test_a_missing_data_root_is_one_line_with_status_3(capsys: pytest.CaptureFixture, tmp_path: Path):
     missing = tmp_path / "imagenet"
-    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={missing}")
+    done = vision_cls(capsys, tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={missing}")
     assert done.returncode == 3, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     last = done.stderr.splitlines()[-1]
     assert last.startswith(f"error: {missing / 'train'} is not a directory; expected the layout root/train/")
 
 
-def test_the_traceback_is_there_on_request(tmp_path: Path):
-    done = vision_cls(tmp_path, *N_ITER_0, **{TRACEBACK_ENV_VAR: "1"})
+def test_the_traceback_is_there_on_request(capsys: pytest.CaptureFixture, tmp_path: Path):
+    done = vision_cls(capsys, tmp_path, *N_ITER_0, **{TRACEBACK_ENV_VAR: "1"})
     assert done.returncode == 1
     assert "Traceback (most recent call last)" in done.stderr
     assert "OptionError: n_iter must be >= 1" in done.stderr
@@ -126,10 +201,10 @@ def _bad_checkpoint(tmp_path: Path, problem: str) -> Path:
     ],
 )
 def test_a_bad_checkpoint_stops_every_subcommand_in_one_line_naming_it(
-    tmp_path: Path, problem: str, subcommand: str, reason: str
+    capsys: pytest.CaptureFixture, tmp_path: Path, problem: str, subcommand: str, reason: str
 ):
     path = _bad_checkpoint(tmp_path, problem)
-    done = vision_cls(tmp_path, subcommand, "-c", CPU, "-c", SMOKE, f"--ckpt_path={path}")
+    done = vision_cls(capsys, tmp_path, subcommand, "-c", CPU, "-c", SMOKE, f"--ckpt_path={path}")
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     last = done.stderr.splitlines()[-1]
@@ -154,9 +229,9 @@ def test_a_bad_checkpoint_stops_every_subcommand_in_one_line_naming_it(
     ],
 )  # fmt: skip
 def test_an_option_torch_or_lightning_would_refuse_inside_the_run_is_one_line_before_any_work(
-    tmp_path: Path, option: str, message: str
+    capsys: pytest.CaptureFixture, tmp_path: Path, option: str, message: str
 ):
-    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, *option.split())
+    done = vision_cls(capsys, tmp_path, "fit", "-c", CPU, "-c", SMOKE, *option.split())
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith(f"error: {message}")
@@ -164,13 +239,15 @@ def test_an_option_torch_or_lightning_would_refuse_inside_the_run_is_one_line_be
 
 
 @pytest.mark.parametrize("source", ["env", "option"])
-def test_a_cache_folder_with_a_file_in_its_path_is_one_line_naming_the_setting(tmp_path: Path, source: str):
+def test_a_cache_folder_with_a_file_in_its_path_is_one_line_naming_the_setting(
+    capsys: pytest.CaptureFixture, tmp_path: Path, source: str
+):
     a_file = tmp_path / "cache.txt"
     a_file.write_text("not a folder")
     cache = a_file / "kpca"  # a file in the path
     env = {"KPCA_CACHE": str(cache)} if source == "env" else {}
     option = [f"--data.cache_dir={cache}"] if source == "option" else []
-    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.cache_dir=null", *option, **env)
+    done = vision_cls(capsys, tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.cache_dir=null", *option, **env)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     setting = f"KPCA_CACHE={cache}" if source == "env" else f"data.cache_dir={cache}"
@@ -206,12 +283,14 @@ def test_the_language_models_hub_data_offline_is_one_line_with_status_3(tmp_path
     assert last.endswith("data.data_dir=builtin uses the built-in corpus.")
 
 
-def test_a_start_that_fails_before_its_first_batch_leaves_no_folder_of_a_named_logger(tmp_path: Path):
+def test_a_start_that_fails_before_its_first_batch_leaves_no_folder_of_a_named_logger(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+):
     data = tmp_path / "data"
     for label in ("a", "b"):  # a training split without the validation split
         (data / "train" / label).mkdir(parents=True)
     done = vision_cls(
-        tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={data}",
+        capsys, tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={data}",
         "--trainer.logger.init_args.name=named",
     )  # fmt: skip
     assert done.returncode == 3, done.stderr[-3000:]
@@ -221,17 +300,17 @@ def test_a_start_that_fails_before_its_first_batch_leaves_no_folder_of_a_named_l
     (tmp_path / "runs" / "named").mkdir(parents=True)
     (tmp_path / "runs" / "named" / "notes.txt").write_text("the user's")
     done = vision_cls(
-        tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={data}",
+        capsys, tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={data}",
         "--trainer.logger.init_args.name=named",
     )  # fmt: skip
     assert done.returncode == 3
     assert sorted(p.name for p in (tmp_path / "runs" / "named").iterdir()) == ["notes.txt"]  # what was there stays
 
 
-def test_a_training_split_of_one_class_is_one_line_with_status_3(tmp_path: Path):
+def test_a_training_split_of_one_class_is_one_line_with_status_3(capsys: pytest.CaptureFixture, tmp_path: Path):
     data = tmp_path / "data"
     (data / "train" / "only").mkdir(parents=True)
-    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={data}")
+    done = vision_cls(capsys, tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--data.builtin=null", f"--data.root={data}")
     assert done.returncode == 3, done.stderr[-3000:]  # torchmetrics refused num_classes=1 in a traceback
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith(
