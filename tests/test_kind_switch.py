@@ -1,22 +1,21 @@
 """Choosing an attention kind is one word in every app: the commands docs/attention.md shows, run as shown.
 
 The page's "Choosing a kind" block shows one fit per app that types the kind alone over the app's RPC smoke config
-(``n_iter: 2``). Each is run here as a user types it (the console script, from the repository root), briefly
-(``--trainer.fast_dev_run=1``, data in a scratch cache): it fits, and its log names the setting it dropped. The
-same command with each of the robust family's kinds fits in every app, and builds that kind's modules.
+(``n_iter: 2``). Each is run here as a user types it (the console script's function, from the repository root,
+in this process: tests/console_support.py), briefly (``--trainer.fast_dev_run=1``, data in a scratch cache): it fits,
+and its log names the setting it dropped. The same command with each of the robust family's kinds fits in every app,
+and builds that kind's modules.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.cli_support import run_cli
+from tests.console_support import console
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "attention.md"
@@ -52,12 +51,10 @@ def test_the_page_shows_one_switch_per_app_from_its_smoke_config():
 
 
 @pytest.mark.parametrize("words", shown_switches(), ids=lambda words: words[0])
-def test_the_shown_switch_runs_as_typed_and_says_what_it_dropped(words: list[str], tmp_path: Path):
-    script = Path(sys.executable).parent / words[0]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    done = subprocess.run(
-        [str(script), *brief(words, tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
+def test_the_shown_switch_runs_as_typed_and_says_what_it_dropped(
+    words: list[str], tmp_path: Path, capfd: pytest.CaptureFixture
+):
+    done = console(capfd, words[0], REPO, *brief(words, tmp_path))  # capfd: sentencepiece writes to stderr's fd
     assert done.returncode == 0, done.stderr[-4000:]
     kind = next(word for word in words if KIND_OPTION in word).partition("=")[2]
     dropped = f"attention.n_iter=2 from configs/{APPS[words[0]]}/smoke.yaml does not apply to {kind}: dropped"

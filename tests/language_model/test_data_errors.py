@@ -4,11 +4,8 @@ Each test copies the built-in corpus into the WikiText-103 layout and damages it
 a byte that is not UTF-8, an empty split, a missing file, a train text too small for the vocabulary.
 """
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from kpca.language_model.data_checks import find_invalid_utf8
 from kpca.language_model.tokenizer import MIN_VOCAB_SIZE, Tokenizer, TokenizerConfig
 from kpca.training.data_checks.problems import DataError
 from tests.cli_support import CONFIGS, CPU
+from tests.console_support import console
 
 SMOKE = CONFIGS / "language_model" / "smoke.yaml"
 LATIN1_E_ACUTE = b"\xe9"  # "é" as a Latin-1 file holds it: an invalid start byte in UTF-8
@@ -178,19 +176,21 @@ def test_a_train_text_shorter_than_one_block_names_the_text_file_in_setup(lm_cac
         datamodule.setup("fit")
 
 
-def test_fit_fails_in_seconds_before_the_sanity_check_and_writes_no_run_files(corpus_folder: Path, tmp_path: Path):
+def test_fit_fails_in_seconds_before_the_sanity_check_and_writes_no_run_files(
+    corpus_folder: Path, tmp_path: Path, capfd: pytest.CaptureFixture
+):
     folder = copy_corpus(corpus_folder, tmp_path / "wikitext")
     valid = split_file(folder, "valid")
     offset = insert_bytes(valid, line=3, column=2, bad=b"\xc3(")
     root = tmp_path / "root"
-    command = [
-        Path(sys.executable).with_name("language-model"), "fit", "-c", CPU, "-c", SMOKE,
+    options = [
+        "fit", "-c", CPU, "-c", SMOKE,
         f"--data.data_dir={folder}", f"--data.cache_dir={tmp_path / 'cache'}", f"--trainer.default_root_dir={root}",
         f"--trainer.logger.init_args.save_dir={root / 'runs'}",
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     start = time.monotonic()
-    done = subprocess.run([str(part) for part in command], env=env, capture_output=True, text=True, timeout=300)
+    # the console script's path in this process (tests/console_support.py): a local folder, no hub data to import
+    done = console(capfd, "language-model", tmp_path, *options)  # capfd: sentencepiece would need stderr's fd
     elapsed = time.monotonic() - start
     assert done.returncode != 0
     assert f"{valid} (valid): not valid UTF-8: bytes b'\\xc3' at line 3, byte offset {offset}" in done.stderr

@@ -1,8 +1,5 @@
 """Damaged ImageNet-style data is named by file: truncated JPEGs in fits, empty class folders, skip mode, check_data."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +14,7 @@ from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.eval_data import EvalData
 from kpca.vision_cls.input import TrainData
 from tests.cli_support import CONFIGS, run_cli, smoke_options
+from tests.console_support import console
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 CLASSES = [f"n0{i}" for i in range(10)]
@@ -74,18 +72,16 @@ def test_a_truncated_jpeg_stops_the_fit_naming_it_and_the_fix(tmp_path: Path, im
 
 @pytest.mark.slow
 def test_skip_mode_fit_through_the_console_script_finishes_counting_and_naming_each_file_once(
-    tmp_path: Path, imagenet: Path
+    tmp_path: Path, imagenet: Path, capfd: pytest.CaptureFixture
 ):
     damaged = [imagenet / "train" / CLASSES[2] / "0.JPEG", imagenet / "train" / CLASSES[7] / "3.JPEG"]
     for path in damaged:
         truncate(path)
-    command = [
-        Path(sys.executable).parent / "vision-cls", "fit",
-        *fit_options(tmp_path, imagenet, "--data.train.bad_files=skip", "--data.train.max_bad_fraction=0.05",
-                     "--data.num_workers=2"),
-    ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    done = subprocess.run(list(map(str, command)), env=env, capture_output=True, text=True, timeout=600)
+    options = fit_options(
+        tmp_path, imagenet, "--data.train.bad_files=skip", "--data.train.max_bad_fraction=0.05", "--data.num_workers=2"
+    )
+    # in this process (tests/console_support.py); capfd: the 2 DataLoader workers, forked from it, log the warnings
+    done = console(capfd, "vision-cls", tmp_path, "fit", *options)
     assert done.returncode == 0, done.stderr[-4000:]
     warnings = [line for line in done.stderr.splitlines() if "skipping a damaged file" in line]
     assert len(warnings) == 2
