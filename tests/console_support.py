@@ -3,8 +3,7 @@
 The function that the console script's entry point names (``kpca.<app>.cli:console_main``, i.e.
 :func:`kpca.training.errors.run_command` around the app's ``main``), with ``sys.argv``, the environment, the working
 folder and logging as in a new process, restored afterwards: what ``<program> args`` typed in a shell runs, without
-the seconds a new interpreter spends importing Lightning and torch. The generalisation of ``vision_cls`` of
-tests/training/test_error_lines.py to every app.
+the seconds a new interpreter spends importing Lightning and torch.
 
 What it cannot stand in for: a test whose subject is the process itself (what a whole process prints once, the
 environment that libraries read as they are imported, such as ``HF_HOME`` and the offline switches of HF datasets,
@@ -13,9 +12,13 @@ or the status of the real executable) runs the command as a process.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from unittest import mock
@@ -23,7 +26,34 @@ from unittest import mock
 import pytest
 
 from kpca.training.errors import TRACEBACK_ENV_VAR
-from tests.training.test_error_lines import Done, _logging_of_a_new_process
+
+
+@dataclass
+class Done:
+    """How a command ended: its exit status and what it printed (``subprocess.CompletedProcess``'s names)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@contextmanager
+def logging_of_a_new_process() -> Iterator[None]:
+    """Logging as a new process has it: no handler, so the app's ``console_logging()`` adds its stderr handler.
+
+    Under pytest the root logger holds pytest's capture handlers, and the app then adds none (it takes them for the
+    user's logging): its INFO lines would never reach stderr. Everything is put back afterwards.
+    """
+    root, app = logging.getLogger(), logging.getLogger("kpca")
+    saved = root.handlers[:], app.handlers[:], app.level, app.propagate
+    root.handlers.clear()
+    app.handlers.clear()
+    try:
+        yield
+    finally:
+        root.handlers[:], app.handlers[:] = saved[0], saved[1]
+        app.setLevel(saved[2])  # setLevel, not the attribute: it clears the loggers' cached levels
+        app.propagate = saved[3]
 
 
 def console(capture: pytest.CaptureFixture, program: str, cwd: Path, *args: object, **env: str) -> Done:
@@ -44,7 +74,7 @@ def console(capture: pytest.CaptureFixture, program: str, cwd: Path, *args: obje
         mock.patch.object(sys, "argv", [program, *map(str, args)]),
         mock.patch.dict(os.environ),
         pytest.MonkeyPatch.context() as patch,
-        _logging_of_a_new_process(),
+        logging_of_a_new_process(),
     ):
         os.environ.pop(TRACEBACK_ENV_VAR, None)
         os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env)

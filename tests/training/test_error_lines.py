@@ -9,17 +9,11 @@ model's offline hub data (huggingface_hub and datasets read ``HF_HOME`` and the 
 imported, so only a new process sees the empty HF cache).
 """
 
-import logging
 import os
 import re
 import subprocess
 import sys
-import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -28,8 +22,8 @@ from jsonargparse import ArgumentParser
 from kpca.attention.errors import AttentionOptionError
 from kpca.training.data_checks.problems import DataError
 from kpca.training.errors import TRACEBACK_ENV_VAR, OptionError, UserError, error_line, user_message
-from kpca.vision_cls.cli import console_main
 from tests.cli_support import CONFIGS, CPU
+from tests.console_support import Done, console
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 
@@ -42,63 +36,9 @@ def vision_cls_process(cwd: Path, *args: object, **env: str) -> subprocess.Compl
     return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
 
 
-@dataclass
-class Done:
-    """How a command ended: its exit status and what it printed (``subprocess.CompletedProcess``'s names)."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@contextmanager
-def _logging_of_a_new_process() -> Iterator[None]:
-    """Logging as a new process has it: no handler, so the app's ``console_logging()`` adds its stderr handler.
-
-    Under pytest the root logger holds pytest's capture handlers, and the app then adds none (it takes them for the
-    user's logging): its INFO lines would never reach stderr. Everything is put back afterwards.
-    """
-    root, app = logging.getLogger(), logging.getLogger("kpca")
-    saved = root.handlers[:], app.handlers[:], app.level, app.propagate
-    root.handlers.clear()
-    app.handlers.clear()
-    try:
-        yield
-    finally:
-        root.handlers[:], app.handlers[:] = saved[0], saved[1]
-        app.setLevel(saved[2])  # setLevel, not the attribute: it clears the loggers' cached levels
-        app.propagate = saved[3]
-
-
 def vision_cls(capsys: pytest.CaptureFixture, cwd: Path, *args: object, **env: str) -> Done:
-    """``vision-cls args`` as typed in a shell in ``cwd``, run in this process: the console script's path.
-
-    ``sys.argv``, the environment (without ``KPCA_TRACEBACK``, plus ``env``), the working folder and logging are
-    those of a new process and are restored afterwards. A user error's ``SystemExit`` gives the status; an exception
-    that gets out is printed with its traceback and gives status 1, as the interpreter does.
-    """
-    capsys.readouterr()  # only what this command prints
-    argv = ["vision-cls", *map(str, args)]
-    with (
-        mock.patch.object(sys, "argv", argv),
-        mock.patch.dict(os.environ),
-        pytest.MonkeyPatch.context() as patch,
-        _logging_of_a_new_process(),
-    ):
-        os.environ.pop(TRACEBACK_ENV_VAR, None)
-        os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env)
-        patch.chdir(cwd)
-        try:
-            console_main()
-            status = 0
-        except SystemExit as exit_info:
-            code = exit_info.code  # as the interpreter reads it: None is 0, a message is 1
-            status = 0 if code is None else code if isinstance(code, int) else 1
-        except Exception:
-            traceback.print_exc()
-            status = 1
-    printed = capsys.readouterr()
-    return Done(status, printed.out, printed.err)
+    """``vision-cls args`` typed in a shell in ``cwd``, run in this process (:func:`tests.console_support.console`)."""
+    return console(capsys, "vision-cls", cwd, *args, **env)
 
 
 N_ITER_0 = ("fit", "-c", CPU, "-c", SMOKE, "--model.net.init_args.attention.n_iter=0")

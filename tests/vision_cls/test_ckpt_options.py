@@ -1,29 +1,40 @@
-"""``--ckpt_path`` runs what the user typed: the real ``vision-cls`` command, as typed in a shell (CPU, digits).
+"""``--ckpt_path`` runs what the user typed: the ``vision-cls`` command, as typed in a shell (CPU, digits).
 
 A model option typed at ``test --ckpt_path`` runs (the saved config and the report say so, beside the value the
 checkpoint was trained with); an option the weights cannot take is refused before any work, in one line.
+
+The commands run the console script's own path in this process (``vision_cls`` of tests/training/test_error_lines.py:
+``sys.argv``, environment, working folder and logging as in a new process), which spares each one the seconds of
+importing Lightning and torch; so does the ``kpca-report`` of the first test.
 """
 
 import json
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kpca.training.results.compare import main as kpca_report
 from kpca.vision_cls.cli import main
-from tests.cli_support import CONFIGS, run_cli, run_to_the_end, smoke_options
+from tests.cli_support import CONFIGS, run_cli, smoke_options
+from tests.console_support import Done, logging_of_a_new_process
+from tests.training.test_error_lines import vision_cls
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # an RPC-SymViT trained with n_iter 2, embed_dim 32
 N_ITER = "model.net.init_args.attention.n_iter"
 
 
-def command(subcommand: str, root: Path, cache: Path, *extra: object) -> list[str]:
-    """``python -m kpca.vision_cls <subcommand>`` on the smoke config, writing under ``root``."""
+def command(capsys: pytest.CaptureFixture, subcommand: str, root: Path, cache: Path, *extra: object) -> Done:
+    """``vision-cls <subcommand>`` on the smoke config as typed in a shell in ``root``, writing there."""
     options = smoke_options(SMOKE, root, cache, "--data.eval.subset=16", *extra)
-    return [sys.executable, "-m", "kpca.vision_cls", subcommand, *map(str, options)]
+    return vision_cls(capsys, root, subcommand, *options)
+
+
+def succeeded(done: Done) -> Done:
+    """``done``, which must have ended with status 0 (else the test fails with its stderr)."""
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +44,9 @@ def trained(one_step_run: Path) -> Path:
 
 
 def test_a_model_option_typed_at_test_runs_and_the_run_says_what_it_was_trained_with(
-    trained: Path, tmp_path: Path, digits_cache_dir: Path
+    capsys: pytest.CaptureFixture, trained: Path, tmp_path: Path, digits_cache_dir: Path
 ):
-    done = run_to_the_end(
-        command("test", tmp_path, digits_cache_dir, f"--{N_ITER}=6", "--ckpt_path", trained), tmp_path
-    )
+    done = succeeded(command(capsys, "test", tmp_path, digits_cache_dir, f"--{N_ITER}=6", "--ckpt_path", trained))
     message = f"{N_ITER}=6 (trained with 2)"
     assert message in done.stderr  # the log
     run_dir = tmp_path / "runs" / "lightning_logs" / "version_0"
@@ -47,17 +56,16 @@ def test_a_model_option_typed_at_test_runs_and_the_run_says_what_it_was_trained_
     difference = {"option": N_ITER, "trained": 2, "used": 6}
     assert provenance["checkpoint"] == {"path": str(trained), "differences": [difference]}
     assert message in (run_dir / "robustness.md").read_text()
-    report = subprocess.run(
-        [sys.executable, "-m", "kpca.training.results.compare", str(tmp_path / "runs"), "--task", "vision_cls"],
-        capture_output=True, text=True, cwd=tmp_path, check=True,
-    )  # fmt: skip
-    assert "rpc n_iter=6 lambd=4.0 layers=[0] (trained with n_iter=2)" in report.stdout
+    with pytest.MonkeyPatch.context() as patch, logging_of_a_new_process():  # ``kpca-report runs --task vision_cls``
+        patch.chdir(tmp_path)
+        kpca_report([str(tmp_path / "runs"), "--task", "vision_cls"])  # a user error would exit: SystemExit fails
+    assert "rpc n_iter=6 lambd=4.0 layers=[0] (trained with n_iter=2)" in capsys.readouterr().out
 
 
 def test_a_test_with_the_options_of_the_training_says_nothing_of_them(
-    trained: Path, tmp_path: Path, digits_cache_dir: Path
+    capsys: pytest.CaptureFixture, trained: Path, tmp_path: Path, digits_cache_dir: Path
 ):
-    done = run_to_the_end(command("test", tmp_path, digits_cache_dir, "--ckpt_path", trained), tmp_path)
+    done = succeeded(command(capsys, "test", tmp_path, digits_cache_dir, "--ckpt_path", trained))
     assert "trained with" not in done.stderr
     run_dir = tmp_path / "runs" / "lightning_logs" / "version_0"
     assert "checkpoint" not in json.loads((run_dir / "protocol.json").read_text())
@@ -67,12 +75,10 @@ def test_a_test_with_the_options_of_the_training_says_nothing_of_them(
 
 
 def test_an_option_the_weights_cannot_take_is_refused_in_one_line_before_any_work(
-    trained: Path, tmp_path: Path, digits_cache_dir: Path
+    capsys: pytest.CaptureFixture, trained: Path, tmp_path: Path, digits_cache_dir: Path
 ):
-    refused = subprocess.run(
-        command("test", tmp_path, digits_cache_dir, "--model.net.init_args.embed_dim=64", "--ckpt_path", trained),
-        capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
+    embed_dim = "--model.net.init_args.embed_dim=64"
+    refused = command(capsys, "test", tmp_path, digits_cache_dir, embed_dim, "--ckpt_path", trained)
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "Traceback" not in refused.stderr
     error = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
@@ -98,11 +104,10 @@ def neutreno(tmp_path_factory: pytest.TempPathFactory, digits_cache_dir: Path) -
 
 
 def test_a_kind_typed_at_test_replaces_the_attention_group_and_the_run_records_it(
-    neutreno: Path, tmp_path: Path, digits_cache_dir: Path
+    capsys: pytest.CaptureFixture, neutreno: Path, tmp_path: Path, digits_cache_dir: Path
 ):
-    done = run_to_the_end(
-        command("test", tmp_path, digits_cache_dir, f"--{KIND}=elliptical", "--ckpt_path", neutreno), tmp_path
-    )
+    elliptical = f"--{KIND}=elliptical"
+    done = succeeded(command(capsys, "test", tmp_path, digits_cache_dir, elliptical, "--ckpt_path", neutreno))
     assert "attention.lambd=0.4 from the checkpoint does not apply to elliptical: dropped" in done.stderr
     run_dir = tmp_path / "runs" / "lightning_logs" / "version_0"
     attention = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["net"]["init_args"]["attention"]
@@ -114,11 +119,10 @@ def test_a_kind_typed_at_test_replaces_the_attention_group_and_the_run_records_i
     ]
 
 
-def test_a_kind_the_weights_cannot_take_is_refused_by_name(neutreno: Path, tmp_path: Path, digits_cache_dir: Path):
-    refused = subprocess.run(
-        command("test", tmp_path, digits_cache_dir, f"--{KIND}=rpc", "--ckpt_path", neutreno),
-        capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
+def test_a_kind_the_weights_cannot_take_is_refused_by_name(
+    capsys: pytest.CaptureFixture, neutreno: Path, tmp_path: Path, digits_cache_dir: Path
+):
+    refused = command(capsys, "test", tmp_path, digits_cache_dir, f"--{KIND}=rpc", "--ckpt_path", neutreno)
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "Traceback" not in refused.stderr
     (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
@@ -126,8 +130,12 @@ def test_a_kind_the_weights_cannot_take_is_refused_by_name(neutreno: Path, tmp_p
     assert not (tmp_path / "runs").exists()
 
 
+# No experiment file: no seed_everything (Lightning seeds with 0 and warns) and the default 8 DataLoader workers (torch
+# warns on a machine of fewer cores). A process prints both warnings and goes on.
+@pytest.mark.filterwarnings("ignore:No seed found, seed set to 0:UserWarning")
+@pytest.mark.filterwarnings(r"ignore:This DataLoader will create \d+ worker processes in total:UserWarning")
 def test_test_without_the_experiment_file_runs_the_checkpoints_model(
-    neutreno: Path, tmp_path: Path, digits_cache_dir: Path
+    capsys: pytest.CaptureFixture, neutreno: Path, tmp_path: Path, digits_cache_dir: Path
 ):
     """``test -c <trainer> --ckpt_path X``: the model comes from the checkpoint; only the data is typed."""
     data = [
@@ -137,12 +145,12 @@ def test_test_without_the_experiment_file_runs_the_checkpoints_model(
         f"--data.cache_dir={digits_cache_dir}",
     ]
     command_line = [
-        sys.executable, "-m", "kpca.vision_cls", "test", "-c", str(CONFIGS / "trainer" / "cpu.yaml"), *data,
+        "test", "-c", str(CONFIGS / "trainer" / "cpu.yaml"), *data,
         "--data.eval.subset=16", "--data.eval.corruptions=[]", "--model.evaluator.attacks=[]",
         f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", "--trainer.enable_progress_bar=false",
         "--ckpt_path", str(neutreno),
     ]  # fmt: skip
-    done = run_to_the_end(command_line, tmp_path)
+    done = succeeded(vision_cls(capsys, tmp_path, *command_line))
     assert "trained with" not in done.stderr
     run_dir = tmp_path / "runs" / "lightning_logs" / "version_0"
     net = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["net"]["init_args"]

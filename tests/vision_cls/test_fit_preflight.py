@@ -2,6 +2,10 @@
 
 Refused: an odd per-device batch with Mixup / CutMix (timm's ``Mixup`` asserts an even batch at step 1), a training
 set smaller than one batch (Lightning would warn "No training batches" and exit 0 with nothing trained).
+
+The commands run the console script's own path in this process (``vision_cls`` of tests/training/test_error_lines.py),
+which spares each one the seconds of importing Lightning and torch; the DDP one runs as a process, as its two ranks
+are processes.
 """
 
 import os
@@ -14,19 +18,30 @@ import pytest
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input import TrainData
 from tests.cli_support import CONFIGS, smoke_options
+from tests.console_support import Done
+from tests.training.test_error_lines import vision_cls
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # Mixup 0.8 and CutMix 1.0 on the 1437 training digits
 
 
-def fit(root: Path, cache: Path, *extra: object) -> subprocess.CompletedProcess:
-    """``python -m kpca.vision_cls fit`` on the smoke config for at most 2 steps, writing under ``root``."""
-    options = smoke_options(SMOKE, root, cache, "--trainer.max_steps=2", "--trainer.limit_val_batches=1", *extra)
-    command = [sys.executable, "-m", "kpca.vision_cls", "fit", *map(str, options)]
+def options(root: Path, cache: Path, *extra: object) -> list[object]:
+    """``fit`` on the smoke config for at most 2 steps, writing under ``root``."""
+    return ["fit", *smoke_options(SMOKE, root, cache, "--trainer.max_steps=2", "--trainer.limit_val_batches=1", *extra)]
+
+
+def fit(capsys: pytest.CaptureFixture, root: Path, cache: Path, *extra: object) -> Done:
+    """``vision-cls fit`` (:func:`options`) as typed in a shell in ``root``, run in this process."""
+    return vision_cls(capsys, root, *options(root, cache, *extra))
+
+
+def fit_process(root: Path, cache: Path, *extra: object) -> subprocess.CompletedProcess:
+    """``python -m kpca.vision_cls fit`` (:func:`options`) as a process, in ``root``."""
+    command = [sys.executable, "-m", "kpca.vision_cls", *map(str, options(root, cache, *extra))]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
 
 
-def refusal(done: subprocess.CompletedProcess, root: Path) -> str:
+def refusal(done: Done | subprocess.CompletedProcess, root: Path) -> str:
     """The one-line error of a fit refused before training: exit status 2, no traceback, no checkpoint."""
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -40,8 +55,10 @@ def checkpoints(root: Path) -> list[str]:
     return sorted(path.name for path in root.rglob("*.ckpt"))
 
 
-def test_an_odd_batch_with_mixup_is_refused_with_the_batch_sizes_that_work(tmp_path: Path, digits_cache_dir: Path):
-    error = refusal(fit(tmp_path, digits_cache_dir, "--data.batch_size=15"), tmp_path)
+def test_an_odd_batch_with_mixup_is_refused_with_the_batch_sizes_that_work(
+    capsys: pytest.CaptureFixture, tmp_path: Path, digits_cache_dir: Path
+):
+    error = refusal(fit(capsys, tmp_path, digits_cache_dir, "--data.batch_size=15"), tmp_path)
     assert "data.batch_size=15 over 1 device(s)" in error and "gives 15 per device" in error
     assert "model.mixup_alpha=0.8, model.cutmix_alpha=1.0" in error
     assert "e.g. 14 or 16" in error and "model.mixup_alpha=0 and model.cutmix_alpha=0" in error
@@ -49,19 +66,20 @@ def test_an_odd_batch_with_mixup_is_refused_with_the_batch_sizes_that_work(tmp_p
 
 @pytest.mark.slow
 def test_an_even_batch_with_mixup_trains_in_the_version_folder_a_refused_start_left_free(
-    tmp_path: Path, digits_cache_dir: Path
+    capsys: pytest.CaptureFixture, tmp_path: Path, digits_cache_dir: Path
 ):
-    refusal(fit(tmp_path, digits_cache_dir, "--data.batch_size=15"), tmp_path)
+    refusal(fit(capsys, tmp_path, digits_cache_dir, "--data.batch_size=15"), tmp_path)
     logs = tmp_path / "runs" / "lightning_logs"
     assert not logs.exists()  # refused before anything was built: no version folder taken
-    done = fit(tmp_path, digits_cache_dir, "--data.batch_size=14")
+    done = fit(capsys, tmp_path, digits_cache_dir, "--data.batch_size=14")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (logs / "version_0" / "checkpoints" / "last.ckpt").is_file()  # the docs' commands assume version_0
 
 
 @pytest.mark.slow
-def test_an_odd_batch_without_mixing_trains(tmp_path: Path, digits_cache_dir: Path):
-    done = fit(tmp_path, digits_cache_dir, "--data.batch_size=15", "--model.mixup_alpha=0", "--model.cutmix_alpha=0")
+def test_an_odd_batch_without_mixing_trains(capsys: pytest.CaptureFixture, tmp_path: Path, digits_cache_dir: Path):
+    mixing = ("--model.mixup_alpha=0", "--model.cutmix_alpha=0")
+    done = fit(capsys, tmp_path, digits_cache_dir, "--data.batch_size=15", *mixing)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "last.ckpt" in checkpoints(tmp_path)
 
@@ -69,7 +87,7 @@ def test_an_odd_batch_without_mixing_trains(tmp_path: Path, digits_cache_dir: Pa
 @pytest.mark.slow
 def test_an_odd_batch_per_device_under_ddp_is_refused_on_every_rank(tmp_path: Path, digits_cache_dir: Path):
     ddp = ("--data.batch_size=30", "--trainer.devices=2", "--trainer.strategy=ddp")
-    error = refusal(fit(tmp_path, digits_cache_dir, *ddp), tmp_path)
+    error = refusal(fit_process(tmp_path, digits_cache_dir, *ddp), tmp_path)  # two ranks: processes
     assert "data.batch_size=30 over 2 device(s)" in error and "gives 15 per device" in error
     assert "a multiple of 4" in error and "e.g. 28 or 32" in error
 
@@ -85,14 +103,19 @@ def test_no_partial_batch_reaches_mixup(digits_cache_dir: Path):
         assert data.train_dataloader().drop_last
 
 
-def test_a_training_set_smaller_than_one_batch_is_refused(tmp_path: Path, digits_cache_dir: Path):
-    error = refusal(fit(tmp_path, digits_cache_dir, "--data.batch_size=4096"), tmp_path)
+# Lightning warns of the empty training loader (ResumableLoader, then CombinedLoader) as the optimizer's schedule
+# counts its steps, before the refusal; a process shows the warnings on stderr and goes on to the refusal.
+@pytest.mark.filterwarnings(r"ignore:Total length of `\w+` across ranks is zero:UserWarning")
+def test_a_training_set_smaller_than_one_batch_is_refused(
+    capsys: pytest.CaptureFixture, tmp_path: Path, digits_cache_dir: Path
+):
+    error = refusal(fit(capsys, tmp_path, digits_cache_dir, "--data.batch_size=4096"), tmp_path)
     assert "the training set has 1437 samples" in error and "1 device(s) (devices × nodes) gets 1280 per epoch" in error
     assert "its batch of 4096" in error and "drop_last=True" in error
     assert "set data.batch_size to at most 1280" in error
 
 
-def test_no_training_asked_for_is_not_refused(tmp_path: Path, digits_cache_dir: Path):
-    done = fit(tmp_path, digits_cache_dir, "--data.batch_size=4096", "--trainer.limit_train_batches=0")
+def test_no_training_asked_for_is_not_refused(capsys: pytest.CaptureFixture, tmp_path: Path, digits_cache_dir: Path):
+    done = fit(capsys, tmp_path, digits_cache_dir, "--data.batch_size=4096", "--trainer.limit_train_batches=0")
     assert done.returncode == 0, done.stderr[-3000:]
     assert checkpoints(tmp_path) == []

@@ -1,7 +1,11 @@
-"""The data.train group: its options and checks, its YAML and command-line spelling, and runs saved before it."""
+"""The data.train group: its options and checks, its YAML and command-line spelling, and runs saved before it.
+
+Commands run in this process (the console script's own path: ``vision_cls`` of tests/training/test_error_lines.py),
+which spares each one the seconds of importing Lightning and torch, except the test named for the console script,
+which runs ``python -m kpca.vision_cls`` as a process.
+"""
 
 import inspect
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +17,7 @@ from kpca.vision_cls.cli import console_main, main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input import TrainData
 from tests.cli_support import CONFIGS, CPU, printed_config, refusal, run_to_the_end, smoke_options
+from tests.training.test_error_lines import vision_cls
 from tests.vision_cls.data_support import reloaded_datamodule
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # data.train: auto_augment DeiT's, re_prob 0.25, repeated_aug 2
@@ -128,19 +133,22 @@ def flat_checkpoint(tmp_path_factory: pytest.TempPathFactory, one_step_run: Path
 
 
 @pytest.mark.slow
+# No experiment file, so no seed_everything: Lightning seeds with 0 and warns (a process prints it and goes on).
+@pytest.mark.filterwarnings("ignore:No seed found, seed set to 0:UserWarning")
 def test_a_checkpoint_with_the_old_spelling_tests_with_its_options_moved(
-    flat_checkpoint: Path, tmp_path: Path, digits_cache_dir: Path
+    capsys: pytest.CaptureFixture, flat_checkpoint: Path, tmp_path: Path, digits_cache_dir: Path
 ):
     test = [
-        sys.executable, "-m", "kpca.vision_cls", "test", "-c", str(CPU), f"--data.cache_dir={digits_cache_dir}",
+        "test", "-c", str(CPU), f"--data.cache_dir={digits_cache_dir}",
         f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
         "--trainer.enable_progress_bar=false", "--ckpt_path", str(flat_checkpoint),
     ]  # fmt: skip
-    done = run_to_the_end(test, tmp_path)
+    done = vision_cls(capsys, tmp_path, *test)
+    assert done.returncode == 0, done.stderr[-4000:]
     assert f"--ckpt_path {flat_checkpoint}: data option re_prob is now data.train.re_prob (read as such)" in done.stderr
     assert done.stderr.count("is now data.train.") == len(FLAT)
     saved = yaml.safe_load((tmp_path / "runs" / "lightning_logs" / "version_0" / "config.yaml").read_text())
     assert (saved["data"]["train"]["re_prob"], saved["data"]["train"]["hflip"]) == (0.0, 0.0)
     assert saved["data"]["eval"]["subset"] == 16 and "re_prob" not in saved["data"]
-    typed = subprocess.run([*test, "--data.train.re_prob=0.5", "--print_config"], capture_output=True, text=True)
+    typed = vision_cls(capsys, tmp_path, *test, "--data.train.re_prob=0.5", "--print_config")
     assert typed.returncode == 0 and yaml.safe_load(typed.stdout)["data"]["train"]["re_prob"] == 0.5  # typed wins
