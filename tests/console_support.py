@@ -23,6 +23,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from unittest import mock
 
+import lightning.pytorch  # noqa: F401 (at collection: its log handler keeps the sys.stderr of its import, not a test's)
 import pytest
 
 from kpca.training.errors import TRACEBACK_ENV_VAR

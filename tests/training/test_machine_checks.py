@@ -1,9 +1,10 @@
-"""What the machine must offer, refused in one line before anything is built: the real ``vision-cls`` command."""
+"""What the machine must offer, refused in one line before anything is built: the real ``vision-cls`` command.
+
+The commands run the console script's own function in this process (tests/console_support.py), which spares each one
+the seconds of importing Lightning and torch.
+"""
 
 import errno
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,18 +14,17 @@ from kpca.training.errors import MachineError, error_line
 from kpca.training.files import write_atomic
 from kpca.training.machine_checks import check_writable
 from tests.cli_support import CONFIGS, CPU
+from tests.console_support import Done, console
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 
 
-def vision_cls(cwd: Path, *args: object) -> subprocess.CompletedProcess:
-    """``python -m kpca.vision_cls`` as typed in a shell in ``cwd``."""
-    command = [sys.executable, "-m", "kpca.vision_cls", *map(str, args)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+def vision_cls(capsys: pytest.CaptureFixture, cwd: Path, *args: object) -> Done:
+    """``vision-cls args`` as typed in a shell in ``cwd``, run in this process (offline hubs)."""
+    return console(capsys, "vision-cls", cwd, *args)
 
 
-def assert_one_error_line(done: subprocess.CompletedProcess, status: int, *words: str) -> str:
+def assert_one_error_line(done: Done, status: int, *words: str) -> str:
     assert done.returncode == status, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -35,17 +35,19 @@ def assert_one_error_line(done: subprocess.CompletedProcess, status: int, *words
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-def test_a_gpu_trainer_file_without_a_gpu_names_the_cpu_trainer_file(tmp_path: Path):
+def test_a_gpu_trainer_file_without_a_gpu_names_the_cpu_trainer_file(tmp_path: Path, capsys):
     gpu = CONFIGS / "trainer" / "gpu_1x_bf16.yaml"
-    done = vision_cls(tmp_path, "fit", "-c", gpu, "-c", SMOKE, "--trainer.max_steps=1")
+    done = vision_cls(capsys, tmp_path, "fit", "-c", gpu, "-c", SMOKE, "--trainer.max_steps=1")
     assert_one_error_line(done, 4, "trainer.accelerator=gpu", "configs/trainer/cpu.yaml")
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_a_run_folder_that_cannot_be_written_names_the_option_to_move_it(tmp_path: Path):
+def test_a_run_folder_that_cannot_be_written_names_the_option_to_move_it(tmp_path: Path, capsys):
     (tmp_path / "a_file").write_text("")
     save_dir = tmp_path / "a_file" / "runs"
-    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, f"--trainer.logger.init_args.save_dir={save_dir}")
+    done = vision_cls(
+        capsys, tmp_path, "fit", "-c", CPU, "-c", SMOKE, f"--trainer.logger.init_args.save_dir={save_dir}"
+    )
     assert_one_error_line(done, 4, str(save_dir), "--trainer.logger.init_args.save_dir=<folder>")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
@@ -71,8 +73,8 @@ def test_a_full_disk_while_writing_names_the_file_and_the_fix(tmp_path: Path):
     assert error_line(RuntimeError("a bug")) is None  # anything else keeps its traceback
 
 
-def test_float16_on_the_cpu_is_refused_rather_than_run_as_bfloat16_and_recorded_as_float16(tmp_path: Path):
-    done = vision_cls(tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--trainer.precision=16-mixed")
+def test_float16_on_the_cpu_is_refused_rather_than_run_as_bfloat16_and_recorded_as_float16(tmp_path: Path, capsys):
+    done = vision_cls(capsys, tmp_path, "fit", "-c", CPU, "-c", SMOKE, "--trainer.precision=16-mixed")
     line = assert_one_error_line(done, 4, "trainer.precision=16-mixed", "--trainer.precision=bf16-mixed or 32-true")
     assert line.startswith("error: trainer.precision=16-mixed is float16 on a CUDA GPU, and this run is on the CPU")
     assert not (tmp_path / "runs").exists()

@@ -4,13 +4,13 @@ A plan whose second run has a typo is refused as ``kpca-experiment validate`` re
 console script, as a user types it, ends with one ``error:`` line and exit status 2, and nothing is written under
 the plan's folder (the SLURM executor's side is in test_experiment_slurm.py). Only the steps still to run are
 parsed, so a finished plan reruns without parsing anything; a plan without ``report:`` says how to get a report.
+
+The console script runs its own function in this process (tests/console_support.py): a refused plan starts no step,
+so no app process, and the seconds of importing Lightning and torch are spared.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +21,9 @@ from kpca.training.experiment.cli import main, validate_plan
 from kpca.training.experiment.plan import load_plan
 from kpca.training.experiment.steps import marker
 from tests.cli_support import CONFIGS, CPU
+from tests.console_support import Done, console
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
-KPCA_EXPERIMENT = Path(sys.executable).parent / "kpca-experiment"
 TYPO = "--model.net.init_args.attention.kind=rcp"
 """The second run's typo: ``rcp`` for ``rpc``."""
 
@@ -49,13 +49,12 @@ def write_plan(folder: Path, *, second_run: tuple[str, ...] = (TYPO,), report: b
     return path
 
 
-def kpca_experiment(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``kpca-experiment ARGS`` as a user types it in ``cwd`` (offline hubs); its output captured."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run([str(KPCA_EXPERIMENT), *args], cwd=cwd, env=env, capture_output=True, text=True)
+def kpca_experiment(capsys: pytest.CaptureFixture, *args: str, cwd: Path) -> Done:
+    """``kpca-experiment ARGS`` as a user types it in ``cwd`` (offline hubs), run in this process; output captured."""
+    return console(capsys, "kpca-experiment", cwd, *args)
 
 
-def assert_refused_before_anything_ran(done: subprocess.CompletedProcess, out: Path) -> None:
+def assert_refused_before_anything_ran(done: Done, out: Path) -> None:
     """Exit status 2, one ``error:`` line naming the second run, its step and the bad value; nothing under ``out``."""
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -75,9 +74,9 @@ def mark_done(path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_run_refuses_a_plan_whose_second_run_has_a_typo_before_any_step_runs(tmp_path):
+def test_run_refuses_a_plan_whose_second_run_has_a_typo_before_any_step_runs(tmp_path, capsys):
     path = write_plan(tmp_path)
-    done = kpca_experiment("run", str(path), cwd=tmp_path)
+    done = kpca_experiment(capsys, "run", str(path), cwd=tmp_path)
     assert_refused_before_anything_ran(done, tmp_path / "runs" / "typo")
 
 
@@ -157,10 +156,10 @@ def test_validate_builds_each_runs_network_before_any_step(tmp_path, monkeypatch
     assert not (tmp_path / "runs").exists()
 
 
-def test_run_refuses_a_kind_setting_clash_before_any_step_runs(tmp_path):
+def test_run_refuses_a_kind_setting_clash_before_any_step_runs(tmp_path, capsys):
     """The console script, as typed: a plan whose second run switches to twicing and types lambd."""
     overrides, named = CLASHES["a setting its kind does not read"]
-    done = kpca_experiment("run", str(write_plan(tmp_path, second_run=overrides)), cwd=tmp_path)
+    done = kpca_experiment(capsys, "run", str(write_plan(tmp_path, second_run=overrides)), cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert "run 'rpc', step 'fit'" in done.stderr and named in done.stderr

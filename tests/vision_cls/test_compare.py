@@ -1,18 +1,18 @@
 """``kpca-report`` on a tree of real runs: two attention kinds x two seeds, fitted and tested through the CLI.
 
-One test run renames its report (``--model.evaluator.report_name``): kpca-report follows its saved config.
+One test run renames its report (``--model.evaluator.report_name``): kpca-report follows its saved config. The
+``kpca-report`` console script runs its own function in this process (tests/console_support.py).
 """
 
 import csv
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kpca.vision_cls.cli import VisionCLI, main
 from tests.cli_support import CONFIGS, NEW_CHECKPOINT_DIR, run_cli, smoke_options
+from tests.console_support import console
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 EMA_IN_EVAL_MODE = pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
@@ -30,7 +30,7 @@ def _robustness(folder: Path, stem: str) -> dict[str, float]:
 @pytest.mark.slow
 @EMA_IN_EVAL_MODE
 @NEW_CHECKPOINT_DIR
-def test_kpca_report_aggregates_seeds_and_lists_incomplete_runs(tmp_path: Path, digits_cache_dir: Path):
+def test_kpca_report_aggregates_seeds_and_lists_incomplete_runs(tmp_path: Path, digits_cache_dir: Path, capsys):
     tested: dict[str, list[dict[str, float]]] = {"symmetric": [], "rpc": []}
     for kind in tested:
         for seed in (1, 2):
@@ -54,8 +54,7 @@ def test_kpca_report_aggregates_seeds_and_lists_incomplete_runs(tmp_path: Path, 
     )
 
     runs = tmp_path / "runs"
-    command = [str(Path(sys.executable).parent / "kpca-report"), str(runs) + "/", "--task", "vision_cls"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)  # the README's command
+    done = console(capsys, "kpca-report", tmp_path, str(runs) + "/", "--task", "vision_cls")  # the README's command
     assert done.returncode == 0, done.stderr
     with (runs / "comparison.csv").open() as stream:
         rows = list(csv.DictReader(stream))
