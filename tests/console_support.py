@@ -91,3 +91,8 @@ def console(capture: pytest.CaptureFixture, program: str, cwd: Path, *args: obje
             status = 1
     printed = capture.readouterr()
     return Done(status, printed.out, printed.err)
+
+
+def vision_cls(capture: pytest.CaptureFixture, cwd: Path, *args: object, **env: str) -> Done:
+    """``vision-cls args`` typed in a shell in ``cwd``, run in this process (:func:`console`)."""
+    return console(capture, "vision-cls", cwd, *args, **env)

@@ -23,7 +23,7 @@ from kpca.attention.errors import AttentionOptionError
 from kpca.training.data_checks.problems import DataError
 from kpca.training.errors import TRACEBACK_ENV_VAR, OptionError, UserError, error_line, user_message
 from tests.cli_support import CONFIGS, CPU
-from tests.console_support import Done, console
+from tests.console_support import vision_cls
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
 
@@ -34,11 +34,6 @@ def vision_cls_process(cwd: Path, *args: object, **env: str) -> subprocess.Compl
     environment = {key: value for key, value in os.environ.items() if key != TRACEBACK_ENV_VAR}
     environment.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env)
     return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
-
-
-def vision_cls(capsys: pytest.CaptureFixture, cwd: Path, *args: object, **env: str) -> Done:
-    """``vision-cls args`` typed in a shell in ``cwd``, run in this process (:func:`tests.console_support.console`)."""
-    return console(capsys, "vision-cls", cwd, *args, **env)
 
 
 N_ITER_0 = ("fit", "-c", CPU, "-c", SMOKE, "--model.net.init_args.attention.n_iter=0")

@@ -14,14 +14,9 @@ from kpca.training.errors import MachineError, error_line
 from kpca.training.files import write_atomic
 from kpca.training.machine_checks import check_writable
 from tests.cli_support import CONFIGS, CPU
-from tests.console_support import Done, console
+from tests.console_support import Done, vision_cls
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
-
-
-def vision_cls(capsys: pytest.CaptureFixture, cwd: Path, *args: object) -> Done:
-    """``vision-cls args`` as typed in a shell in ``cwd``, run in this process (offline hubs)."""
-    return console(capsys, "vision-cls", cwd, *args)
 
 
 def assert_one_error_line(done: Done, status: int, *words: str) -> str:

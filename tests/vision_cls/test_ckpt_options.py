@@ -3,7 +3,7 @@
 A model option typed at ``test --ckpt_path`` runs (the saved config and the report say so, beside the value the
 checkpoint was trained with); an option the weights cannot take is refused before any work, in one line.
 
-The commands run the console script's own path in this process (``vision_cls`` of tests/training/test_error_lines.py:
+The commands run the console script's own path in this process (``vision_cls`` of tests/console_support.py:
 ``sys.argv``, environment, working folder and logging as in a new process), which spares each one the seconds of
 importing Lightning and torch; so does the ``kpca-report`` of the first test.
 """
@@ -15,11 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kpca.training.results.compare import main as kpca_report
 from kpca.vision_cls.cli import main
 from tests.cli_support import CONFIGS, run_cli, smoke_options
-from tests.console_support import Done, logging_of_a_new_process
-from tests.training.test_error_lines import vision_cls
+from tests.console_support import Done, console, vision_cls
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # an RPC-SymViT trained with n_iter 2, embed_dim 32
 N_ITER = "model.net.init_args.attention.n_iter"
@@ -56,10 +54,8 @@ def test_a_model_option_typed_at_test_runs_and_the_run_says_what_it_was_trained_
     difference = {"option": N_ITER, "trained": 2, "used": 6}
     assert provenance["checkpoint"] == {"path": str(trained), "differences": [difference]}
     assert message in (run_dir / "robustness.md").read_text()
-    with pytest.MonkeyPatch.context() as patch, logging_of_a_new_process():  # ``kpca-report runs --task vision_cls``
-        patch.chdir(tmp_path)
-        kpca_report([str(tmp_path / "runs"), "--task", "vision_cls"])  # a user error would exit: SystemExit fails
-    assert "rpc n_iter=6 lambd=4.0 layers=[0] (trained with n_iter=2)" in capsys.readouterr().out
+    report = succeeded(console(capsys, "kpca-report", tmp_path, tmp_path / "runs", "--task", "vision_cls"))
+    assert "rpc n_iter=6 lambd=4.0 layers=[0] (trained with n_iter=2)" in report.stdout
 
 
 def test_a_test_with_the_options_of_the_training_says_nothing_of_them(

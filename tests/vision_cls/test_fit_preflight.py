@@ -3,7 +3,7 @@
 Refused: an odd per-device batch with Mixup / CutMix (timm's ``Mixup`` asserts an even batch at step 1), a training
 set smaller than one batch (Lightning would warn "No training batches" and exit 0 with nothing trained).
 
-The commands run the console script's own path in this process (``vision_cls`` of tests/training/test_error_lines.py),
+The commands run the console script's own path in this process (``vision_cls`` of tests/console_support.py),
 which spares each one the seconds of importing Lightning and torch; the DDP one runs as a process, as its two ranks
 are processes.
 """
@@ -18,8 +18,7 @@ import pytest
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input import TrainData
 from tests.cli_support import CONFIGS, smoke_options
-from tests.console_support import Done
-from tests.training.test_error_lines import vision_cls
+from tests.console_support import Done, vision_cls
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # Mixup 0.8 and CutMix 1.0 on the 1437 training digits
 

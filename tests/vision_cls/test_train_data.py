@@ -1,6 +1,6 @@
 """The data.train group: its options and checks, its YAML and command-line spelling, and runs saved before it.
 
-Commands run in this process (the console script's own path: ``vision_cls`` of tests/training/test_error_lines.py),
+Commands run in this process (the console script's own path: ``vision_cls`` of tests/console_support.py),
 which spares each one the seconds of importing Lightning and torch, except the test named for the console script,
 which runs ``python -m kpca.vision_cls`` as a process.
 """
@@ -17,7 +17,7 @@ from kpca.vision_cls.cli import console_main, main
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input import TrainData
 from tests.cli_support import CONFIGS, CPU, printed_config, refusal, run_to_the_end, smoke_options
-from tests.training.test_error_lines import vision_cls
+from tests.console_support import vision_cls
 from tests.vision_cls.data_support import reloaded_datamodule
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # data.train: auto_augment DeiT's, re_prob 0.25, repeated_aug 2
