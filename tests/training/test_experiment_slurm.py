@@ -381,8 +381,10 @@ def test_dry_run_writes_the_scripts_and_submits_nothing(slurm: Slurm, tmp_path: 
 
 
 @pytest.mark.slow
-def test_run_refuses_a_plan_whose_second_run_has_a_typo_before_submitting_anything(slurm: Slurm, tmp_path: Path):
-    done = kpca_experiment("run", str(write_typo_plan(tmp_path)), "--executor", "slurm", cwd=tmp_path)
+def test_run_refuses_a_plan_whose_second_run_has_a_typo_before_submitting_anything(
+    slurm: Slurm, tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    done = kpca_experiment(capsys, "run", str(write_typo_plan(tmp_path)), "--executor", "slurm", cwd=tmp_path)
     assert_refused_before_anything_ran(done, tmp_path / "runs" / "typo")
     assert slurm.submissions() == []
 
