@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import traceback
 from collections.abc import Iterator
@@ -96,3 +97,12 @@ def console(capture: pytest.CaptureFixture, program: str, cwd: Path, *args: obje
 def vision_cls(capture: pytest.CaptureFixture, cwd: Path, *args: object, **env: str) -> Done:
     """``vision-cls args`` typed in a shell in ``cwd``, run in this process (:func:`console`)."""
     return console(capture, "vision-cls", cwd, *args, **env)
+
+
+def vision_cls_process(cwd: Path, *args: object, **env: str) -> subprocess.CompletedProcess:
+    """``python -m kpca.vision_cls args`` as typed in a shell in ``cwd``, as a process: for a test whose subject is
+    the process (its exit status and last line, DDP ranks it starts). Tracebacks off unless ``env`` turns them on."""
+    command = [sys.executable, "-m", "kpca.vision_cls", *map(str, args)]
+    environment = {key: value for key, value in os.environ.items() if key != TRACEBACK_ENV_VAR}
+    environment.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env)
+    return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)

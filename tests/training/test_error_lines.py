@@ -23,17 +23,9 @@ from kpca.attention.errors import AttentionOptionError
 from kpca.training.data_checks.problems import DataError
 from kpca.training.errors import TRACEBACK_ENV_VAR, OptionError, UserError, error_line, user_message
 from tests.cli_support import CONFIGS, CPU
-from tests.console_support import vision_cls
+from tests.console_support import vision_cls, vision_cls_process
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"
-
-
-def vision_cls_process(cwd: Path, *args: object, **env: str) -> subprocess.CompletedProcess:
-    """``python -m kpca.vision_cls`` as typed in a shell in ``cwd``."""
-    command = [sys.executable, "-m", "kpca.vision_cls", *map(str, args)]
-    environment = {key: value for key, value in os.environ.items() if key != TRACEBACK_ENV_VAR}
-    environment.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env)
-    return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
 
 
 N_ITER_0 = ("fit", "-c", CPU, "-c", SMOKE, "--model.net.init_args.attention.n_iter=0")

@@ -8,9 +8,7 @@ which spares each one the seconds of importing Lightning and torch; the DDP one 
 are processes.
 """
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from kpca.vision_cls.data import ImageNetDataModule
 from kpca.vision_cls.input import TrainData
 from tests.cli_support import CONFIGS, smoke_options
-from tests.console_support import Done, vision_cls
+from tests.console_support import Done, vision_cls, vision_cls_process
 
 SMOKE = CONFIGS / "vision_cls" / "smoke.yaml"  # Mixup 0.8 and CutMix 1.0 on the 1437 training digits
 
@@ -31,13 +29,6 @@ def options(root: Path, cache: Path, *extra: object) -> list[object]:
 def fit(capsys: pytest.CaptureFixture, root: Path, cache: Path, *extra: object) -> Done:
     """``vision-cls fit`` (:func:`options`) as typed in a shell in ``root``, run in this process."""
     return vision_cls(capsys, root, *options(root, cache, *extra))
-
-
-def fit_process(root: Path, cache: Path, *extra: object) -> subprocess.CompletedProcess:
-    """``python -m kpca.vision_cls fit`` (:func:`options`) as a process, in ``root``."""
-    command = [sys.executable, "-m", "kpca.vision_cls", *map(str, options(root, cache, *extra))]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
 
 
 def refusal(done: Done | subprocess.CompletedProcess, root: Path) -> str:
@@ -86,7 +77,8 @@ def test_an_odd_batch_without_mixing_trains(capsys: pytest.CaptureFixture, tmp_p
 @pytest.mark.slow
 def test_an_odd_batch_per_device_under_ddp_is_refused_on_every_rank(tmp_path: Path, digits_cache_dir: Path):
     ddp = ("--data.batch_size=30", "--trainer.devices=2", "--trainer.strategy=ddp")
-    error = refusal(fit_process(tmp_path, digits_cache_dir, *ddp), tmp_path)  # two ranks: processes
+    two_ranks = vision_cls_process(tmp_path, *options(tmp_path, digits_cache_dir, *ddp))  # DDP: processes
+    error = refusal(two_ranks, tmp_path)
     assert "data.batch_size=30 over 2 device(s)" in error and "gives 15 per device" in error
     assert "a multiple of 4" in error and "e.g. 28 or 32" in error
 

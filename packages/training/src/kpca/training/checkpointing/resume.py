@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 import yaml
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from kpca.training.attention_options import comparable_attention
 from kpca.training.errors import OptionError
@@ -229,6 +228,10 @@ def resolve_auto_resume(config, dumped: dict, moved: Mapping[str, str] | None = 
         lambda folder: saved_config_is(folder / "config.yaml", current, moved),
         versions=version_glob(init.version),
     )
+    # Lightning is imported here, where a fit resolves its resume, not with this module: `kpca-experiment status`
+    # reads checkpoints through it and needs torch alone.
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
     if resume.checkpoint is None and SLURMEnvironment.detect() and any(hpc_dir.glob("hpc_ckpt_*.ckpt")):
         # Lightning restores the newest hpc_ckpt_* of default_root_dir under SLURM whenever ckpt_path is None.
         raise OptionError(
