@@ -83,7 +83,7 @@ class CorruptImage:
     corrupted the same way, in any worker, run or order.
 
     Args:
-        corruption: a name from ``imagecorruptions.get_corruption_names("all")``.
+        corruption: a name from ``kpca.training.images.corruptions.CORRUPTION_NAMES``.
         severity: 1 to 5.
         seed: base seed.
     """

@@ -15,7 +15,6 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from imagecorruptions import get_corruption_names
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
@@ -29,6 +28,7 @@ from kpca.training.data_checks.bad_files import (
 )
 from kpca.training.data_checks.check_data import check_in_workers
 from kpca.training.data_checks.problems import DataError, DataProblem
+from kpca.training.images.corruptions import CORRUPTION_NAMES
 from kpca.training.images.decoding import strict_image_decoding
 from kpca.vision_cls.robustness import check_class_folders
 
@@ -159,7 +159,7 @@ def _imagenet_c_items(
     if not root.is_dir():
         fix = f"Set data.eval.imagenet_c to a folder with the layout {layout}."
         return [], [DataProblem(str(root.absolute()), "imagenet_c", "is not a directory", fix)]
-    known = get_corruption_names("all")
+    known = list(CORRUPTION_NAMES)
     folders = _class_dirs(root)
     files, problems = [], []
     if not any(folder.name in known for folder in folders):

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from imagecorruptions import get_corruption_names
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 from torchvision import transforms
@@ -38,7 +37,7 @@ from kpca.training.choices import choices
 from kpca.training.data import evenly_spaced
 from kpca.training.errors import OptionError
 from kpca.training.eval_subset import check_eval_subset
-from kpca.training.images.corruptions import check_corruptions
+from kpca.training.images.corruptions import CORRUPTION_NAMES, check_corruptions
 from kpca.vision_cls.corrupted import CorruptedDataset
 from kpca.vision_cls.image_folders import ClassListImageFolder, class_folders
 from kpca.vision_cls.robustness import VariantName, check_class_folders, variant_synsets
@@ -139,7 +138,7 @@ class EvalData:
         root = self.imagenet_c_root
         assert root is not None, "only called when imagenet_c is set"
         folders = class_folders(root, IMAGENET_C_LAYOUT)
-        known = get_corruption_names("all")
+        known = list(CORRUPTION_NAMES)
         unknown = [f for f in folders if f not in known]
         if unknown:
             raise OptionError(

@@ -1,4 +1,9 @@
-"""Image corruptions: the ImageNet-C list (Hendrycks & Dietterich) and reproducible ``imagecorruptions`` calls."""
+"""Image corruptions: the ImageNet-C list (Hendrycks & Dietterich) and reproducible ``imagecorruptions`` calls.
+
+``imagecorruptions`` (with numba, scikit-image and OpenCV, about 0.6 s) is imported at the first corruption, not with
+this module: a fit or a clean evaluation only checks names (tests/training/test_corruption_names.py holds the list
+equal to the library's).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,6 @@ import inspect
 from collections.abc import Sequence
 
 import numpy as np
-from imagecorruptions import corrupt, corruption_dict, get_corruption_names
 
 from kpca.training.errors import OptionError
 
@@ -19,11 +23,15 @@ IMAGENET_C_GROUPS: dict[str, tuple[str, ...]] = {
 IMAGENET_C_CORRUPTIONS: tuple[str, ...] = tuple(c for group in IMAGENET_C_GROUPS.values() for c in group)
 """The 15 benchmark corruptions, in ImageNet-C's order (``imagecorruptions`` also has 4 extra ones)."""
 IMAGENET_C_SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
+CORRUPTION_NAMES: tuple[str, ...] = (
+    *IMAGENET_C_CORRUPTIONS, "speckle_noise", "gaussian_blur", "spatter", "saturate"
+)  # fmt: skip
+"""Every corruption ``imagecorruptions`` applies, in its order (``get_corruption_names("all")``)."""
 
 
 def check_corruptions(corruptions: Sequence[str], severities: Sequence[int]) -> None:
     """Raise ValueError on unknown corruption names or severities outside 1-5."""
-    known = get_corruption_names("all")
+    known = list(CORRUPTION_NAMES)
     unknown = [c for c in corruptions if c not in known]
     if unknown:
         raise OptionError(f"Unknown corruption(s) {unknown}; choose from {known}.")
@@ -40,13 +48,15 @@ def corrupt_seeded(image: np.ndarray, corruption: str, severity: int, seed: int)
 
     Args:
         image: (H, W, 3) uint8 array, H and W at least 32.
-        corruption: A name from ``imagecorruptions.get_corruption_names("all")``.
+        corruption: A name from :data:`CORRUPTION_NAMES`.
         severity: 1 to 5.
         seed: Seed in [0, 2**32).
 
     Returns:
         The corrupted (H, W, 3) uint8 array.
     """
+    from imagecorruptions import corrupt, corruption_dict  # the library's first use: see the module's docstring
+
     kwargs = {"seed": seed} if "seed" in inspect.signature(corruption_dict[corruption]).parameters else {}
     state = np.random.get_state()
     np.random.seed(seed)
