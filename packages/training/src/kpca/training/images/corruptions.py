@@ -1,8 +1,7 @@
 """Image corruptions: the ImageNet-C list (Hendrycks & Dietterich) and reproducible ``imagecorruptions`` calls.
 
 ``imagecorruptions`` (with numba, scikit-image and OpenCV, about 0.6 s) is imported at the first corruption, not with
-this module: a fit or a clean evaluation only checks names (tests/training/test_corruption_names.py holds the list
-equal to the library's).
+this module: a fit or a clean evaluation only checks names against :data:`CORRUPTION_NAMES`, the library's list.
 """
 
 from __future__ import annotations
