@@ -147,3 +147,15 @@ def test_the_step_command_starts_without_torch():
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]", result.stdout[-2000:]
+
+
+def test_an_app_starts_without_dali_or_the_corruption_library():
+    """A new interpreter imports the three apps' commands, the vision DataModule and the DALI loader's module: neither
+    nvidia.dali (the optional DALI input, imported when a loader is built) nor imagecorruptions (imported at the
+    first corruption) comes with them."""
+    apps = "kpca.vision_cls.cli, kpca.vision_cls.data, kpca.vision_cls.input.dali.loader, kpca.language_model.cli, "
+    apps += "kpca.segmentation.cli"
+    code = f"import sys, {apps}; print([m for m in sys.modules if m.startswith(('nvidia.dali', 'imagecorruptions'))])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["[]"]

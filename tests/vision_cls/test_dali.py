@@ -302,15 +302,6 @@ def test_missing_dali_names_the_extra(tree: Path, monkeypatch: pytest.MonkeyPatc
         ImageNetDataModule(root=str(tree), train=TrainData(input="dali"))
 
 
-def test_the_default_path_never_imports_dali():
-    code = (
-        "import sys, kpca.vision_cls.cli, kpca.vision_cls.data, kpca.vision_cls.input.dali.loader; "
-        "assert not [m for m in sys.modules if m.startswith('nvidia.dali')], 'nvidia.dali imported'"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [1, 2], ids=["one_process", "ddp_2_processes"])
 def test_fit_through_the_console_script_on_cpu(tree: Path, tmp_path: Path, devices: int):
