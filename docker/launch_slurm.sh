@@ -6,7 +6,9 @@
 # no B: prefix); Lightning then saves <trainer.default_root_dir>/hpc_ckpt_<n>.ckpt and runs
 # `scontrol requeue $SLURM_JOB_ID`. The requeued job runs this same command, and `fit` runs with
 # --ckpt_path auto, so it resumes from the newest readable checkpoint of the experiment (a later --ckpt_path
-# in the arguments wins). The log (kpca-<job id>.out) is appended to across requeues.
+# in the arguments wins). The log (kpca-<job id>.out) is appended to across requeues. The app starts through
+# kpca.training.slurm_start, which holds SIGUSR1 from its first instruction: a signal during start-up requeues
+# after the first batch, and one after the fit is discarded, where SIGUSR1's default action would end the job FAILED.
 #SBATCH --job-name=kpca
 #SBATCH --ntasks-per-node=8
 #SBATCH --gpus-per-node=8
@@ -24,5 +26,5 @@ shift 2
 if [[ "$subcommand" == fit ]]; then
     set -- --ckpt_path auto "$@"
 fi
-exec srun python -m "kpca.${app}" "$subcommand" "$@" \
+exec srun python -m kpca.training.slurm_start "kpca.${app}" "$subcommand" "$@" \
     --trainer.num_nodes "${SLURM_JOB_NUM_NODES}" --trainer.devices "${SLURM_NTASKS_PER_NODE}"

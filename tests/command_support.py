@@ -6,8 +6,9 @@ tests/test_console_help.py (the examples a ``--help`` prints).
 Where commands are found: every line of a fenced block in a shell language (or none), with ``\\`` continuations
 joined and ``# comments`` dropped, split at ``;``, ``&&``, ``||`` and ``|``; and inline code that starts with a
 program. A program is a kpca console script (``vision-cls``, ``kpca-experiment``, ... from the installed metadata),
-``python -m kpca.<module>`` of one, or ``docker/launch_{torchrun,slurm}.sh <app>`` (the rest is the app's
-arguments; ``python -m kpca.<app>``, the app left open, names no program to check). Inline code of a program and
+``python -m kpca.<module>`` of one (also after ``python -m kpca.training.slurm_start``), or
+``docker/launch_{torchrun,slurm}.sh <app>`` (the rest is the app's arguments; ``python -m kpca.<app>``, the app left
+open, names no program to check). Inline code of a program and
 one word (``vision-cls export``, ``kpca-report --reference``) mentions a subcommand or option: only that word is
 checked.
 
@@ -56,6 +57,7 @@ LAUNCHERS = ("docker/launch_torchrun.sh", "docker/launch_slurm.sh")
 """Scripts whose first argument names an app (``vision_cls``) and whose other arguments are the app's."""
 
 EXPERIMENT_MODULE = "kpca.training.experiment.cli"
+SLURM_START = "kpca.training.slurm_start"  # ``python -m kpca.training.slurm_start <module> [args]`` runs the module
 REPORT_MODULE = "kpca.training.results.compare"
 
 
@@ -163,6 +165,8 @@ def program_in(words: Sequence[str], anywhere: bool) -> tuple[str, list[str]] | 
         if word in scripts:
             return word, rest
         if word.startswith("kpca.") and i > 0 and words[i - 1] == "-m":
+            if word == SLURM_START and rest:  # it runs the module that follows: that module's command
+                word, rest = rest[0], rest[1:]
             if "<" in word:  # python -m kpca.<app>: any app, none to check
                 return None
             return (script_of_module(word), rest) if script_of_module(word) else f"no kpca console script runs {word}"

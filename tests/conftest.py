@@ -2,6 +2,8 @@
 skips; the built-in digits tree, once per session."""
 
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,6 +32,15 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _signal_mask() -> Iterator[None]:
+    """Give the worker back the signal mask each test found: a held SIGUSR1 (kpca.training.slurm_start) would
+    reach every later test and the commands it starts."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @pytest.fixture(scope="session")

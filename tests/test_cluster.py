@@ -206,16 +206,30 @@ def slurm_bin(folder: Path, record: Path) -> Path:
     return folder
 
 
+def holds(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` holds (blocks) ``signum``, from its /proc status (False once it has ended)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigBlk:"):
+                return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
+    return False
+
+
 def test_slurm_requeue_resumes_from_hpc_checkpoint(tmp_path: Path, digits_cache: Path):
+    """docker/launch_slurm.sh: SIGUSR1 while the app still imports (its default action would end the job) is held
+    by kpca.training.slurm_start and requeues after the first batch; the requeued job, the same command, resumes
+    from that hpc checkpoint, and a SIGUSR1 after its fit has ended leaves it to exit 0."""
     epochs, batches = 6, 8
     root, record = tmp_path / "root", tmp_path / "scontrol.log"
     fit = [
         "bash", SLURM, "vision_cls", "fit", *smoke_options(SMOKE, root, digits_cache),
         f"--trainer.max_epochs={epochs}", f"--trainer.limit_train_batches={batches}", "--trainer.limit_val_batches=1",
+        "--trainer.callbacks+=tests.slurm.signal_after_fit.SignalAfterFit",  # a fit that ends is signalled again
     ]  # fmt: skip
     env = clean_env(
         SLURM_JOB_NAME="kpca-test", SLURM_JOB_ID="4242", SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1",
         SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1",
+        PYTHONPATH=str(REPO),  # the app imports the callback from tests/
     )  # fmt: skip
     env["PATH"] = os.pathsep.join([str(slurm_bin(tmp_path / "bin", record)), env["PATH"]])
     run = root / "runs" / "lightning_logs" / "version_0"
@@ -223,8 +237,9 @@ def test_slurm_requeue_resumes_from_hpc_checkpoint(tmp_path: Path, digits_cache:
 
     job = start(fit, env, tmp_path, "job")  # srun execs: the pid is the task's, which SLURM signals
     try:
-        wait_until((run / "checkpoints" / "last.ckpt").exists, "the first checkpoint", {"job": job}, tmp_path)
-        os.kill(job.pid, signal.SIGUSR1)  # --signal=USR1@120: the time limit is near
+        wait_until(lambda: holds(job.pid, signal.SIGUSR1), "the task holding SIGUSR1", {"job": job}, tmp_path)
+        assert "SLURM auto-requeueing enabled" not in stderr_of(tmp_path, "job")  # Lightning's handler is not in
+        os.kill(job.pid, signal.SIGUSR1)  # --signal=USR1@120 while the app starts: the time limit is near
         wait_until(lambda: record.is_file() and hpc.is_file(), "hpc_ckpt_1.ckpt and scontrol", {"job": job}, tmp_path)
         job.wait(timeout=TIMEOUT)
     finally:
@@ -233,14 +248,17 @@ def test_slurm_requeue_resumes_from_hpc_checkpoint(tmp_path: Path, digits_cache:
     assert record.read_text().splitlines() == ["requeue 4242"], first[-3000:]
     saved = load(hpc)
     step = saved["global_step"]
-    assert 0 < step < epochs * batches, first[-3000:]  # stopped by the requeue, not by the end of training
+    assert step == 1, first[-3000:]  # taken after the first batch
     assert Path(saved["kpca_run_folder"]) == run.resolve()
-    assert load(run / "checkpoints" / "last.ckpt")["global_step"] <= step  # nothing was saved after it
+    assert not (run / "checkpoints" / "last.ckpt").exists()  # nothing was saved after it
+
+    assert "SignalAfterFit" not in first  # requeued: its fit did not end
 
     rerun = subprocess.run(
         [str(part) for part in fit], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT
     )  # the requeued job: the same command
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.returncode == 0, rerun.stderr[-3000:]  # SIGUSR1's default action: 138
+    assert "SignalAfterFit: SIGUSR1 sent" in rerun.stderr
     restored = RESTORED.findall(rerun.stderr)
     assert [(Path(path).resolve(), int(n)) for path, n in restored] == [(hpc.resolve(), step)], rerun.stderr[-3000:]
     assert run_folders(root) == ["version_0"]  # continued in the run folder of the first job

@@ -136,6 +136,10 @@ SMOKE = "-c configs/trainer/cpu.yaml -c configs/vision_cls/smoke.yaml"
         ("`kpca-report runs/ --task vision`", "'vision' is not an installed report task"),
         ("`kpca-report --task vision_cls --name x`", "needs the runs folder"),
         ("```bash\npython -m kpca.no_such_app fit\n```", "no kpca console script runs kpca.no_such_app"),
+        (
+            "```bash\nsrun python -m kpca.training.slurm_start kpca.vision_cls fit --trainer.max_epochs many\n```",
+            "trainer.max_epochs",
+        ),
         ("```bash\nvision-cls fit --data.root 'unclosed\n```", "not a shell command"),
     ],
     ids=lambda value: value.split("\n")[1][:40] if value.startswith("```") else value[:40],

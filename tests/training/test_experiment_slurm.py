@@ -225,7 +225,9 @@ def test_an_array_task_runs_the_step_of_its_run(slurm: Slurm, tmp_path: Path):
     assert done.returncode == 0, done.stderr[-3000:]
     [launched] = slurm.srun_log.read_text().splitlines()  # the stand-in srun records the app command, runs nothing
     chosen = plan.runs[2]
-    assert launched.startswith(f"{sys.executable} -m kpca.vision_cls fit -c {CPU} -c {SMOKE} ")
+    # through slurm_start, which holds SLURM's requeue signal while the app starts
+    start = f"{sys.executable} -m kpca.training.slurm_start kpca.vision_cls"
+    assert launched.startswith(f"{start} fit -c {CPU} -c {SMOKE} ")
     assert f"--trainer.default_root_dir={chosen.folder} --seed_everything=0" in launched
     assert launched.endswith("--ckpt_path auto")
     assert [run.id for run in plan.runs if marker(run, "fit", "done").is_file()] == [chosen.id] == ["b/seed0"]

@@ -1,16 +1,21 @@
 """DeferredSlurmRequeue: under SLURM auto-requeue the requeue signal only sets a flag; the hpc checkpoint and
-``scontrol requeue`` happen at the next batch boundary, in a real Lightning fit signalled by the real signal."""
+``scontrol requeue`` happen at the next batch boundary, in a real Lightning fit signalled by the real signal. A
+signal held through start-up (kpca.training.slurm_start) requeues after the first batch; one after the fit stays
+held."""
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from kpca.training.callbacks import DeferredSlurmRequeue
+from kpca.training.slurm_start import hold_signal
 
 SLURM = {
     "SLURM_JOB_NAME": "kpca-test", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
@@ -42,7 +47,9 @@ class SignalAtStep(pl.Callback):
             self.saved_inside_the_handler = (self.root / "hpc_ckpt_1.ckpt").exists()
 
 
-def test_the_requeue_runs_after_the_batch_not_inside_the_signal_handler(tmp_path: Path, monkeypatch):
+@pytest.fixture
+def scontrol_record(tmp_path: Path, monkeypatch) -> Path:
+    """This process under SLURM (auto-requeue) with an ``scontrol`` on PATH that records its arguments there."""
     record = tmp_path / "scontrol.log"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -51,15 +58,54 @@ def test_the_requeue_runs_after_the_batch_not_inside_the_signal_handler(tmp_path
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     for key, value in SLURM.items():
         monkeypatch.setenv(key, value)
-    before = signal.getsignal(signal.SIGUSR1)
-    probe = SignalAtStep(tmp_path, step=2)
+    return record
+
+
+def fit(root: Path, *callbacks: pl.Callback) -> None:
+    """Five training steps of the linear model under DeferredSlurmRequeue."""
     trainer = pl.Trainer(
-        max_steps=5, default_root_dir=tmp_path, logger=False, enable_checkpointing=False, accelerator="cpu",
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[DeferredSlurmRequeue(), probe],
+        max_steps=5, default_root_dir=root, logger=False, enable_checkpointing=False, accelerator="cpu",
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[DeferredSlurmRequeue(), *callbacks],
     )  # fmt: skip
     trainer.fit(Module(), DataLoader(TensorDataset(torch.randn(20, 4), torch.randint(0, 2, (20,))), batch_size=4))
+
+
+def held() -> set[int]:
+    """The signals this thread holds (blocks)."""
+    return set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+def test_the_requeue_runs_after_the_batch_not_inside_the_signal_handler(tmp_path: Path, scontrol_record: Path):
+    before = signal.getsignal(signal.SIGUSR1)
+    probe = SignalAtStep(tmp_path, step=2)
+    fit(tmp_path, probe)
     assert probe.saved_inside_the_handler is False  # Lightning alone saves inside the handler: True
     saved = torch.load(tmp_path / "hpc_ckpt_1.ckpt", weights_only=False)
     assert saved["global_step"] == 3  # after the signalled batch (step 2) ended
-    assert record.read_text().splitlines() == ["requeue 4242"]
+    assert scontrol_record.read_text().splitlines() == ["requeue 4242"]
     assert signal.getsignal(signal.SIGUSR1) == before  # Lightning's teardown restores the process's handler
+
+
+def signal_this_thread() -> None:
+    """SIGUSR1 to this (the main) thread only: this worker's other threads were started without it held, unlike
+    an app's under kpca.training.slurm_start (tests/test_cluster.py signals such a process as a whole)."""
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+
+def test_a_signal_held_through_start_up_requeues_after_the_first_batch_and_one_after_the_fit_stays_held(
+    tmp_path: Path, scontrol_record: Path
+):
+    """As under docker/launch_slurm.sh: the signal is held from the start and comes before Lightning's handler is
+    in place (SIGUSR1's default action would end the process); after the fit it comes again."""
+    hold_signal(signal.SIGUSR1)
+    signal_this_thread()  # the process is still starting
+    assert signal.SIGUSR1 in signal.sigpending()
+    fit(tmp_path)
+    saved = torch.load(tmp_path / "hpc_ckpt_1.ckpt", weights_only=False)
+    assert saved["global_step"] == 1  # taken after the first batch
+    assert scontrol_record.read_text().splitlines() == ["requeue 4242"]
+    assert signal.SIGUSR1 in held() and signal.SIGUSR1 not in signal.sigpending()
+    signal_this_thread()  # after the fit: it stays pending, and the process ends as it would
+    assert signal.SIGUSR1 in signal.sigpending()
+    assert signal.sigtimedwait({signal.SIGUSR1}, 0) is not None  # take it, so that it reaches no later test
+    assert scontrol_record.read_text().splitlines() == ["requeue 4242"]

@@ -236,10 +236,16 @@ class DeferredSlurmRequeue(pl.Callback):
     Lightning saves the hpc checkpoint, finalises the loggers and calls ``scontrol requeue`` inside the
     SIGUSR1 handler, which Python runs between any two bytecodes: when the signal lands while the main
     thread holds a lock that the handler needs (a logger's writer, a file being written), the job hangs
-    until SLURM kills it, without a checkpoint (Lightning issue #21406; seen here once in CI). From
-    ``on_train_start`` on, the signal only sets a flag; Lightning's own handler then runs after the
-    current training or validation batch. Under DDP the flag is reduced over ranks (any rank signalled),
-    so every rank saves at the same batch. Nothing changes outside SLURM auto-requeue.
+    until SLURM kills it, without a checkpoint (Lightning issue #21406; seen here once in CI). From the start
+    of a stage (``on_train_start`` for ``fit``; ``validate``, ``test`` and ``predict`` at theirs), the signal only
+    sets a flag; Lightning's own handler then runs after the current batch. Under DDP the flag of ``fit`` is
+    reduced over ranks (any rank signalled), so every rank saves at the same batch.
+
+    Under SLURM the apps start with the signal held (:mod:`kpca.training.slurm_start`) in every thread, so it
+    never reaches a handler: it stays pending, and this callback takes it at the batch boundary. A signal that
+    came during start-up then requeues after the first batch, and one that comes after the stage is discarded
+    with the finished process, where SIGUSR1's default action would end the job FAILED. Nothing changes outside
+    SLURM auto-requeue.
     """
 
     def __init__(self) -> None:
@@ -247,8 +253,8 @@ class DeferredSlurmRequeue(pl.Callback):
         self._lightning_handler: Callable | None = None
         self._pending = False
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Put the flag-setting handler in front of Lightning's requeue handler (registered just before)."""
+    def _take_over(self, trainer: pl.Trainer) -> None:
+        """Put the flag-setting handler in front of Lightning's requeue handler (registered before the stage)."""
         environment = trainer._accelerator_connector.cluster_environment
         if not isinstance(environment, SLURMEnvironment) or not environment.auto_requeue:
             return
@@ -263,21 +269,70 @@ class DeferredSlurmRequeue(pl.Callback):
         self._pending = True
 
     def _requeue_if_signalled(self, trainer: pl.Trainer) -> None:
+        """Run Lightning's handler if the signal came; in ``fit`` on every rank if it came to any."""
         if self._lightning_handler is None:
             return
-        if trainer.strategy.reduce_boolean_decision(self._pending, all=False):
+        if self._signal in signal.sigpending():  # held since the start (slurm_start): take it here
+            signal.sigtimedwait({self._signal}, 0)
+            self._pending = True
+        # Evaluation ranks may run different numbers of batches: no collective there (as Lightning's handler).
+        signalled = self._pending
+        if trainer.state.fn == "fit":
+            signalled = trainer.strategy.reduce_boolean_decision(self._pending, all=False)
+        if signalled:
             self._pending = False
             self._lightning_handler(self._signal, None)
+
+    def _forget(self) -> None:
+        """Lightning restores the process's own handlers at teardown; a held signal stays held."""
+        self._lightning_handler = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``fit``: defer the requeue to batch boundaries."""
+        self._take_over(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         """Requeue after a training batch if the signal came."""
         self._requeue_if_signalled(trainer)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        """Requeue after a validation batch of ``fit`` if the signal came."""
-        if trainer.state.fn == "fit":
-            self._requeue_if_signalled(trainer)
+        """Requeue after a validation batch (of ``fit`` or ``validate``) if the signal came."""
+        self._requeue_if_signalled(trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Forget the handler (Lightning restores the process's own handlers at teardown)."""
-        self._lightning_handler = None
+        """``fit`` has ended."""
+        self._forget()
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``validate``: defer the requeue to batch boundaries (``fit``'s validation is part of its stage)."""
+        if trainer.state.fn == "validate":
+            self._take_over(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``validate`` has ended."""
+        if trainer.state.fn == "validate":
+            self._forget()
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``test``: defer the requeue to batch boundaries."""
+        self._take_over(trainer)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """Requeue after a test batch if the signal came."""
+        self._requeue_if_signalled(trainer)
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``test`` has ended."""
+        self._forget()
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``predict``: defer the requeue to batch boundaries."""
+        self._take_over(trainer)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """Requeue after a predict batch if the signal came."""
+        self._requeue_if_signalled(trainer)
+
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``predict`` has ended."""
+        self._forget()

@@ -168,10 +168,15 @@ class SignalForwarder:
 
 
 def app_command(plan: Plan, run: PlannedRun, step_name: str, launcher: Sequence[str] = ()) -> list[str]:
-    """``[*launcher, python, -m, kpca.<app>, *step_argv]``, the checkpoint read from ``fit.done`` when needed."""
+    """``[python, -m, kpca.<app>, *step_argv]``, the checkpoint read from ``fit.done`` when needed.
+
+    With a ``launcher`` (the Slurm executor's ``srun``) it is ``[*launcher, python, -m, kpca.training.slurm_start,
+    kpca.<app>, *step_argv]``: the app starts with SLURM's requeue signal held (see :mod:`kpca.training.slurm_start`).
+    """
     step = plan.step(step_name)
     checkpoint = fit_checkpoint(plan, run, step.ckpt) if step.ckpt is not None else None
-    return [*launcher, sys.executable, "-m", f"kpca.{plan.app}", *step_argv(plan, run, step_name, checkpoint)]
+    start = [*launcher, sys.executable, "-m", "kpca.training.slurm_start"] if launcher else [sys.executable, "-m"]
+    return [*start, f"kpca.{plan.app}", *step_argv(plan, run, step_name, checkpoint)]
 
 
 def execute_step(plan: Plan, run: PlannedRun, step_name: str, launcher: Sequence[str] = ()) -> int:
