@@ -167,7 +167,9 @@ def test_launch_slurm_requeue_cycle_ends_with_the_weights_of_an_uninterrupted_ru
     30 s earlier, at its next time-limit check): Lightning saves hpc_ckpt_<n>.ckpt and requeues the job, the
     requeued job runs the same command and resumes from it, until the fit ends; its weights are those of the same
     command run without SLURM. The Slurm fit is paced (tests/slurm/pace.py): 160 steps of at least 0.4 s outlast
-    the 50 s by which SIGUSR1 has arrived on the fastest machine, so every run is signalled mid-fit."""
+    the 50 s by which SIGUSR1 has arrived on the fastest machine, so the first run is signalled mid-fit. A later run
+    may be signalled while it starts or after its fit has ended: the app starts with the signal held
+    (kpca.training.slurm_start), so it requeues after the next batch, or is discarded as the process exits 0."""
     epochs, batches = 4, 40
     budget = [f"--trainer.max_epochs={epochs}", f"--trainer.limit_train_batches={batches}",
               "--trainer.limit_val_batches=1"]  # fmt: skip

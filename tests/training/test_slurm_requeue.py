@@ -31,6 +31,9 @@ class Module(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
 
+    def test_step(self, batch, batch_idx):
+        self.log("loss", nn.functional.cross_entropy(self.net(batch[0]), batch[1]))
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -108,4 +111,28 @@ def test_a_signal_held_through_start_up_requeues_after_the_first_batch_and_one_a
     signal_this_thread()  # after the fit: it stays pending, and the process ends as it would
     assert signal.SIGUSR1 in signal.sigpending()
     assert signal.sigtimedwait({signal.SIGUSR1}, 0) is not None  # take it, so that it reaches no later test
+    assert scontrol_record.read_text().splitlines() == ["requeue 4242"]
+
+
+class SignalAtTestBatch(pl.Callback):
+    """Sends the requeue signal to this thread at the start of one test batch and records what it did."""
+
+    def __init__(self, root: Path, batch: int) -> None:
+        self.root, self.batch, self.saved_inside_the_handler = root, batch, None
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch_idx == self.batch:
+            signal_this_thread()
+            self.saved_inside_the_handler = (self.root / "hpc_ckpt_1.ckpt").exists()
+
+
+def test_a_test_stage_requeues_after_its_batch_too(tmp_path: Path, scontrol_record: Path):
+    probe = SignalAtTestBatch(tmp_path, batch=1)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, logger=False, enable_checkpointing=False, accelerator="cpu",
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[DeferredSlurmRequeue(), probe],
+    )  # fmt: skip
+    trainer.test(Module(), DataLoader(TensorDataset(torch.randn(12, 4), torch.randint(0, 2, (12,))), batch_size=4))
+    assert probe.saved_inside_the_handler is False  # Lightning alone saves inside the handler: True
+    assert (tmp_path / "hpc_ckpt_1.ckpt").is_file()
     assert scontrol_record.read_text().splitlines() == ["requeue 4242"]
