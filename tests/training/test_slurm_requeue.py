@@ -5,6 +5,8 @@ held."""
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from kpca.training.callbacks import DeferredSlurmRequeue
 from kpca.training.slurm_start import hold_signal
+from tests.cli_support import free_port
 
+REPO = Path(__file__).resolve().parents[2]
 SLURM = {
     "SLURM_JOB_NAME": "kpca-test", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
     "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
@@ -136,3 +140,37 @@ def test_a_test_stage_requeues_after_its_batch_too(tmp_path: Path, scontrol_reco
     assert probe.saved_inside_the_handler is False  # Lightning alone saves inside the handler: True
     assert (tmp_path / "hpc_ckpt_1.ckpt").is_file()
     assert scontrol_record.read_text().splitlines() == ["requeue 4242"]
+
+
+@pytest.mark.slow
+def test_two_ranks_signalled_in_a_validation_of_uneven_batches_requeue_together_at_its_end(tmp_path: Path):
+    """Two SLURM tasks (tests/training/slurm_ddp_probe.py) validate on 3 and 2 batches and are signalled in the
+    first validation: a collective after each validation batch would pair with another collective and hang; the
+    requeue runs at the validation's end, on both ranks, from one checkpoint at the step before it."""
+    record, bin_dir = tmp_path / "scontrol.log", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$*" >> {record}\nexit 0\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {
+        **os.environ, **SLURM, "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }  # fmt: skip
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.training.slurm_ddp_probe", str(tmp_path)], cwd=tmp_path,
+            env={**env, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in (0, 1)
+    ]  # fmt: skip
+    try:
+        errors = [task.communicate(timeout=240)[1] for task in tasks]
+    finally:
+        for task in tasks:
+            task.kill()
+            task.communicate()
+    assert [task.returncode for task in tasks] == [0, 0], "\n".join(error[-3000:] for error in errors)
+    assert record.read_text().splitlines() == ["requeue 4242"]  # rank 0 requeues, once
+    assert torch.load(tmp_path / "hpc_ckpt_1.ckpt", weights_only=False)["global_step"] == 2
+    assert not (tmp_path / "hpc_ckpt_2.ckpt").exists()

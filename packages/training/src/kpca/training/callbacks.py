@@ -238,8 +238,10 @@ class DeferredSlurmRequeue(pl.Callback):
     thread holds a lock that the handler needs (a logger's writer, a file being written), the job hangs
     until SLURM kills it, without a checkpoint (Lightning issue #21406; seen here once in CI). From the start
     of a stage (``on_train_start`` for ``fit``; ``validate``, ``test`` and ``predict`` at theirs), the signal only
-    sets a flag; Lightning's own handler then runs after the current batch. Under DDP the flag of ``fit`` is
-    reduced over ranks (any rank signalled), so every rank saves at the same batch.
+    sets a flag; Lightning's own handler then runs after the current batch (in ``fit``, after the current training
+    batch or at the end of the current validation). Under DDP the flag of ``fit`` is reduced over ranks (any rank
+    signalled), at points every rank reaches together, so every rank saves at the same step: not after a
+    validation batch, since unpadded evaluation gives ranks different numbers of batches.
 
     Under SLURM the apps start with the signal held (:mod:`kpca.training.slurm_start`) in every thread, so it
     never reaches a handler: it stays pending, and this callback takes it at the batch boundary. A signal that
@@ -269,13 +271,16 @@ class DeferredSlurmRequeue(pl.Callback):
         self._pending = True
 
     def _requeue_if_signalled(self, trainer: pl.Trainer) -> None:
-        """Run Lightning's handler if the signal came; in ``fit`` on every rank if it came to any."""
+        """Run Lightning's handler if the signal came; in ``fit`` on every rank if it came to any.
+
+        ``validate``, ``test`` and ``predict`` act on each process's own signal, as Lightning's handler does (SLURM
+        signals every task): their ranks may run different numbers of batches, so no collective there.
+        """
         if self._lightning_handler is None:
             return
         if self._signal in signal.sigpending():  # held since the start (slurm_start): take it here
             signal.sigtimedwait({self._signal}, 0)
             self._pending = True
-        # Evaluation ranks may run different numbers of batches: no collective there (as Lightning's handler).
         signalled = self._pending
         if trainer.state.fn == "fit":
             signalled = trainer.strategy.reduce_boolean_decision(self._pending, all=False)
@@ -296,8 +301,9 @@ class DeferredSlurmRequeue(pl.Callback):
         self._requeue_if_signalled(trainer)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        """Requeue after a validation batch (of ``fit`` or ``validate``) if the signal came."""
-        self._requeue_if_signalled(trainer)
+        """``validate``: requeue after a validation batch if the signal came (``fit``: at the validation's end)."""
+        if trainer.state.fn == "validate":
+            self._requeue_if_signalled(trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """``fit`` has ended."""
@@ -309,8 +315,10 @@ class DeferredSlurmRequeue(pl.Callback):
             self._take_over(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """``validate`` has ended."""
-        if trainer.state.fn == "validate":
+        """``fit``: requeue after its validation if the signal came. ``validate`` has ended."""
+        if trainer.state.fn == "fit":
+            self._requeue_if_signalled(trainer)
+        elif trainer.state.fn == "validate":
             self._forget()
 
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
