@@ -321,26 +321,18 @@ class DeferredSlurmRequeue(pl.Callback):
         elif trainer.state.fn == "validate":
             self._forget()
 
-    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """``test``: defer the requeue to batch boundaries."""
+    def _evaluation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``test`` or ``predict``: defer the requeue to batch boundaries."""
         self._take_over(trainer)
 
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        """Requeue after a test batch if the signal came."""
+    def _evaluation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """Requeue after a ``test`` or ``predict`` batch if the signal came."""
         self._requeue_if_signalled(trainer)
 
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """``test`` has ended."""
+    def _evaluation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``test`` or ``predict`` has ended."""
         self._forget()
 
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """``predict``: defer the requeue to batch boundaries."""
-        self._take_over(trainer)
-
-    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        """Requeue after a predict batch if the signal came."""
-        self._requeue_if_signalled(trainer)
-
-    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """``predict`` has ended."""
-        self._forget()
+    on_test_start = on_predict_start = _evaluation_start
+    on_test_batch_end = on_predict_batch_end = _evaluation_batch_end
+    on_test_end = on_predict_end = _evaluation_end
