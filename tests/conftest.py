@@ -1,5 +1,5 @@
-"""Test-wide settings: offline hubs, threads per xdist worker, Triton's CPU interpreter, fixed seeds, xdist order, gpu
-skips; the built-in digits tree, once per session."""
+"""Test-wide settings: offline hubs, threads per xdist worker, Triton's CPU interpreter, fixed seeds, each test's
+signal mask restored, xdist order, gpu skips; the built-in digits tree, once per session."""
 
 import os
 import signal
