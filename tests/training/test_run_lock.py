@@ -207,7 +207,7 @@ def test_release_leaves_a_lock_that_another_process_took(lock_path: Path, caplog
     assert lock_path.is_file() and "no longer this process's" in caplog.text
 
 
-def _race(path: str, start, results) -> None:
+def _race(path: str, start, tried, results) -> None:
     """One contender: take the lock at the same time as the others; the winner holds it until all have tried."""
     lock = RunLock(Path(path), "the run folder")
     start.wait()
@@ -215,9 +215,10 @@ def _race(path: str, start, results) -> None:
         lock.acquire()
     except RunFolderLockedError:
         results.put("refused")
+        tried.wait()
         return
     results.put("won")
-    time.sleep(1.0)
+    tried.wait()
     lock.release()
 
 
@@ -225,8 +226,8 @@ def _race(path: str, start, results) -> None:
 def test_of_processes_taking_over_one_stale_lock_at_once_exactly_one_wins(lock_path: Path, dead_pid: int, round_):
     write_lock(lock_path, dead_pid)
     context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(4), context.Queue()
-    contenders = [context.Process(target=_race, args=(str(lock_path), start, results)) for _ in range(4)]
+    start, tried, results = context.Barrier(4), context.Barrier(4), context.Queue()
+    contenders = [context.Process(target=_race, args=(str(lock_path), start, tried, results)) for _ in range(4)]
     for process in contenders:
         process.start()
     outcomes = sorted(results.get(timeout=60) for _ in contenders)
