@@ -246,6 +246,7 @@ def test_slurm_requeue_resumes_from_hpc_checkpoint(tmp_path: Path, digits_cache:
         kill_all([job], env)
     first = stderr_of(tmp_path, "job")
     assert record.read_text().splitlines() == ["requeue 4242"], first[-3000:]
+    assert "SLURM auto-requeueing enabled" in first  # printed once Lightning's handler is in: after the signal
     saved = load(hpc)
     step = saved["global_step"]
     assert step == 1, first[-3000:]  # taken after the first batch
