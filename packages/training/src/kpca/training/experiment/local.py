@@ -9,6 +9,7 @@ a line saying how to get one.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from kpca.training.experiment.plan import Plan, exec_command
 from kpca.training.experiment.report import missing_report_note, write_plan_report
 from kpca.training.experiment.status import status_markdown
 from kpca.training.experiment.steps import ENDING_SIGNALS, SignalForwarder, log_path, marker
+from kpca.training.experiment.warm_start import warm_interpreter
 
 INTERRUPTED = tuple(128 + signum for signum in ENDING_SIGNALS)
 """Exit statuses of a step ended by SIGTERM or SIGINT: the plan stops there."""
@@ -32,17 +34,18 @@ def run_local(plan: Plan) -> int:
         (run, step.name) for run in plan.runs for step in plan.steps if not marker(run, step.name, "done").is_file()
     ]
     failed = []
-    for index, (run, step_name) in enumerate(pending, start=1):
-        if any(run is failed_run for failed_run, _ in failed):
-            continue
-        _say(f"[{index}/{len(pending)}] {run.id} {step_name} (log: {log_path(run, step_name)})")
-        returncode = _run_step(exec_command(plan, run, step_name))
-        if returncode in INTERRUPTED:
-            _say(f"{run.id} {step_name} was interrupted; run the same command again to continue")
-            return returncode
-        if returncode != 0:
-            _say(f"{run.id} {step_name} FAILED (exit status {returncode}); its later steps are skipped")
-            failed.append((run, step_name))
+    with warm_interpreter(plan.app) if pending else contextlib.nullcontext():
+        for index, (run, step_name) in enumerate(pending, start=1):
+            if any(run is failed_run for failed_run, _ in failed):
+                continue
+            _say(f"[{index}/{len(pending)}] {run.id} {step_name} (log: {log_path(run, step_name)})")
+            returncode = _run_step(exec_command(plan, run, step_name))
+            if returncode in INTERRUPTED:
+                _say(f"{run.id} {step_name} was interrupted; run the same command again to continue")
+                return returncode
+            if returncode != 0:
+                _say(f"{run.id} {step_name} FAILED (exit status {returncode}); its later steps are skipped")
+                failed.append((run, step_name))
     _say(status_markdown(plan))
     _say(f"report: {write_plan_report(plan)}" if plan.report is not None else missing_report_note(plan))
     if failed:

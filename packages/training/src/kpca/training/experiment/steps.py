@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 
 from kpca.training.errors import UserError
+from kpca.training.experiment import warm_start
 from kpca.training.experiment.plan import Plan, PlannedRun, step_argv, step_folder
 from kpca.training.files import write_atomic
 
@@ -146,7 +147,7 @@ class SignalForwarder:
     Use as a context manager around waiting for the child; the previous handlers are restored on exit.
     """
 
-    def __init__(self, child: subprocess.Popen) -> None:
+    def __init__(self, child: subprocess.Popen | warm_start.WarmChild) -> None:
         self.child = child
         self.ending: int | None = None
         self._previous: dict[int, object] = {}
@@ -201,7 +202,7 @@ def execute_step(plan: Plan, run: PlannedRun, step_name: str, launcher: Sequence
     write_json(running, running_info())
     heartbeat = Heartbeat(running).start()
     try:
-        returncode, ending = _run_logged(command, log)
+        returncode, ending, warm = _run_logged(command, log)
     finally:
         heartbeat.stop()
         running.unlink(missing_ok=True)
@@ -209,7 +210,7 @@ def execute_step(plan: Plan, run: PlannedRun, step_name: str, launcher: Sequence
         logger.warning("%s %s: interrupted by signal %d; rerun the plan to continue it", run.id, step_name, ending)
         return 128 + ending
     if returncode == 0:
-        write_json(done_path, _done_record(plan, run, step_name, command))
+        write_json(done_path, _done_record(plan, run, step_name, command, warm))
         marker(run, step_name, "failed").unlink(missing_ok=True)
         return 0
     write_json(marker(run, step_name, "failed"), {"rc": returncode, "log": str(log), "time": now()})
@@ -217,22 +218,27 @@ def execute_step(plan: Plan, run: PlannedRun, step_name: str, launcher: Sequence
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _run_logged(command: list[str], log: Path) -> tuple[int, int | None]:
-    """Run ``command`` with its output appended to ``log``; ``(exit status, ending signal or None)``."""
+def _run_logged(command: list[str], log: Path) -> tuple[int, int | None, bool]:
+    """Run ``command`` with its output appended to ``log``; ``(exit status, ending signal or None, warm)``.
+
+    ``warm``: forked from the local executor's warm interpreter (:mod:`kpca.training.experiment.warm_start`).
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a", encoding="utf-8") as stream:
         stream.write(f"\n=== {now()} on {socket.gethostname()}: {shlex.join(command)}\n")
         stream.flush()
-        child = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT)
+        warm = warm_start.start(command, stream)
+        child = warm or subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT)
         with SignalForwarder(child) as forwarder:
             returncode = child.wait()
         stream.write(f"=== {now()}: exit status {returncode}\n")
-    return returncode, forwarder.ending
+    return returncode, forwarder.ending, warm is not None
 
 
-def _done_record(plan: Plan, run: PlannedRun, step_name: str, command: list[str]) -> dict:
-    """The ``.done`` JSON: finish time, command, the checkpoint used; for ``fit`` its best and last checkpoints."""
+def _done_record(plan: Plan, run: PlannedRun, step_name: str, command: list[str], warm: bool) -> dict:
+    """The ``.done`` JSON: finish time, command, how it started, the checkpoint used; ``fit``'s best and last."""
     record: dict[str, object] = {"finished": now(), "command": command}
+    record["started"] = "forked from the warm interpreter" if warm else "new interpreter"
     step = plan.step(step_name)
     if step.ckpt is not None:
         record["checkpoint"] = str(fit_checkpoint(plan, run, step.ckpt))
