@@ -4,8 +4,9 @@ In the run folder ``<out>/<run>/seed<k>``, a step ``<step>`` keeps:
 
 - ``<step>.running`` while it runs (JSON: host, pid, start, SLURM job), its modification time touched every
   :data:`HEARTBEAT_S` seconds, so that a step whose process died without a word is recognised (stale heartbeat);
-- ``<step>.done`` once the app exited with status 0 (JSON: the finish time, the command, the checkpoint it used and,
-  for ``fit``, the best and last checkpoints from the fit's ``fit_summary.json``);
+- ``<step>.done`` once the app exited with status 0 (JSON: the finish time, the command, how its process started
+  (``started``: a new interpreter or forked warm), the checkpoint it used and, for ``fit``, the best and last
+  checkpoints from the fit's ``fit_summary.json``);
 - ``<step>.failed`` when the app exited with another status (JSON: the status, the log, the time);
 - ``<step>.log``: the app's output, appended to by every attempt.
 
