@@ -154,11 +154,16 @@ def _send(connection: socket.socket, message: dict, fds: Sequence[int] = ()) -> 
     socket.send_fds(connection, [struct.pack("!I", len(data)) + data], list(fds))
 
 
-def _receive(connection: socket.socket, fds: int = 0) -> dict | tuple[dict, list[int]]:
-    """One length-prefixed JSON message ({} at end of stream); with ``fds``, also the descriptors sent with it."""
-    header, received, _, _ = socket.recv_fds(connection, 4, max(fds, 1))
+def _receive(connection: socket.socket) -> dict:
+    """One length-prefixed JSON message ({} at the end of the stream)."""
+    return _receive_with_fds(connection)[0]
+
+
+def _receive_with_fds(connection: socket.socket) -> tuple[dict, list[int]]:
+    """One length-prefixed JSON message ({} at the end of the stream) and the descriptors sent with it."""
+    header, fds, _, _ = socket.recv_fds(connection, 4, 1)
     if len(header) < 4:
-        return ({}, received) if fds else {}
+        return {}, fds
     (size,) = struct.unpack("!I", header)
     data = b""
     while len(data) < size:
@@ -166,8 +171,7 @@ def _receive(connection: socket.socket, fds: int = 0) -> dict | tuple[dict, list
         if not chunk:
             break
         data += chunk
-    message = json.loads(data) if len(data) == size else {}
-    return (message, received) if fds else message
+    return (json.loads(data) if len(data) == size else {}), fds
 
 
 @dataclass
@@ -191,7 +195,7 @@ def _serve(app: str, path: str, started_env: dict[str, str], started_cwd: str) -
         if not select.select([server], [], [], 1.0)[0]:
             continue
         connection, _ = server.accept()
-        message, fds = _receive(connection, fds=1)
+        message, fds = _receive_with_fds(connection)
         if not message or len(fds) != 1:
             connection.close()
             continue
