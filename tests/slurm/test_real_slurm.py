@@ -214,7 +214,9 @@ def test_launch_slurm_requeue_cycle_ends_with_the_weights_of_an_uninterrupted_ru
             for (name, step), path, hpc_step in zip(restored, hpc, hpc_steps, strict=True)
         ), (restored, hpc_steps, diagnostics)
         steps = [step for _, step in restored]
-        assert steps == sorted(set(steps)) and steps[0] > 0 and steps[-1] < epochs * batches, diagnostics
+        # A requeue in a run's last steps can let it reach the end before Slurm ends it: its successor then restores
+        # the final last.ckpt and finishes at once (so the last step may be the fit's end; seen once in CI).
+        assert steps == sorted(set(steps)) and steps[0] > 0 and steps[-1] <= epochs * batches, diagnostics
         run = root / "runs" / "lightning_logs"
         assert sorted(path.name for path in run.iterdir()) == ["version_0"], diagnostics  # one run folder
         _, stderr = reference.communicate(timeout=REQUEUE_TIMEOUT_S)
