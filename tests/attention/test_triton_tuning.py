@@ -48,7 +48,8 @@ def test_a_launch_configuration_changes_tiles_not_results(num_warps: int, block_
         assert launch_configuration() == used == LaunchConfiguration(num_warps, block_elements)
         got = rpc_forward_backward(k, v, "triton")
     assert launch_configuration() == default
-    for name, left, right, torch_out, exact in zip(("out", "dk", "dv"), got, with_default, torch_path, reference):
+    results = zip(("out", "dk", "dv"), got, with_default, torch_path, reference, strict=True)
+    for name, left, right, torch_out, exact in results:
         scale = exact.abs().max().item()
         torch.testing.assert_close(left, right, rtol=1e-6, atol=1e-6 * scale, msg=name)
         assert max_error(left, exact) <= max(2 * max_error(torch_out, exact), 1e-5 * scale), name
