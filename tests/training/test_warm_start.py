@@ -29,6 +29,12 @@ def digits_cache(digits_cache_dir: Path) -> Path:
     return digits_cache_dir
 
 
+def require_warm_starts() -> None:
+    """Skip the test where this machine cannot fork warm (not Linux, a GPU device present, or switched off)."""
+    if (reason := warm_start.available()) is not None:
+        pytest.skip(f"no warm starts on this machine: {reason}")
+
+
 def children(pid: int) -> list[int]:
     """The child processes of ``pid`` (Linux's /proc/<pid>/task/<pid>/children)."""
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -59,8 +65,7 @@ def exec_fit(folder: Path) -> subprocess.CompletedProcess:
 def test_a_warm_step_trains_the_weights_of_a_new_interpreter_and_a_changed_environment_starts_anew(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digits_cache: Path
 ):
-    if (reason := warm_start.available()) is not None:
-        pytest.skip(f"no warm starts on this machine: {reason}")
+    require_warm_starts()
     runs = {}
     for name in ("new", "warm", "changed"):
         (tmp_path / name).mkdir()
@@ -86,8 +91,7 @@ def test_a_warm_step_trains_the_weights_of_a_new_interpreter_and_a_changed_envir
 def test_sigterm_reaches_a_warm_app_and_leaves_the_step_unfinished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digits_cache: Path
 ):
-    if (reason := warm_start.available()) is not None:
-        pytest.skip(f"no warm starts on this machine: {reason}")
+    require_warm_starts()
     monkeypatch.chdir(tmp_path)
     path = tiny_plan(tmp_path, digits_cache, "--trainer.max_epochs=100")
     run = load_plan(path).runs[0]
@@ -108,8 +112,7 @@ def test_sigterm_reaches_a_warm_app_and_leaves_the_step_unfinished(
 
 
 def test_the_warm_interpreter_ends_with_its_runner(tmp_path: Path):
-    if (reason := warm_start.available()) is not None:
-        pytest.skip(f"no warm starts on this machine: {reason}")
+    require_warm_starts()
     script = (
         "import os, sys, time\n"
         "from kpca.training.experiment.warm_start import SOCKET_VARIABLE, warm_interpreter\n"
